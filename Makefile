@@ -1,0 +1,76 @@
+# The book's entry points. On a fresh machine `make book` and `make test` set everything up.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+BOOTSTRAP_PYTHON ?= python3
+VENV ?= .venv
+REFERENCE ?= nvidia-h200
+PY ?= 3.12
+# The wheels a notebook needs beyond torch and triton (with everything they depend on).
+NOTEBOOK_PKGS ?= papermill ipykernel nbclient myst-nb numpy pandas matplotlib tqdm
+
+# PYTHON=... on the command line uses that interpreter as it is (a GPU node with its own torch);
+# otherwise the targets create and use the pinned virtual environment in $(VENV).
+ifeq ($(origin PYTHON),command line)
+ENV :=
+else
+PYTHON := $(VENV)/bin/python
+ENV := $(VENV)/.installed
+endif
+
+export IPYTHONDIR := $(CURDIR)/tools/ipython
+export PYDEVD_DISABLE_FILE_VALIDATION := 1
+unexport MPLBACKEND
+
+.PHONY: help book test measure notebooks wheelhouse check-fresh clean distclean
+
+help:
+	@echo "make book         build the site into _build/html from the committed notebooks"
+	@echo "make test         the whole suite: unit tests, kernels on the CPU, notebook smoke runs, nbval, book build"
+	@echo "make measure      run every notebook in measure mode on this machine's GPU (chapter order)"
+	@echo "make notebooks    re-execute the committed notebooks in replay mode, in place (REFERENCE=$(REFERENCE))"
+	@echo "make wheelhouse   download the notebooks' wheels for Python $(PY) into .whl/ (for an offline GPU node)"
+	@echo "make check-fresh  list results whose code changed since they were measured"
+	@echo "make clean        remove build outputs (distclean: the virtual environment too)"
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	$(BOOTSTRAP_PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(VENV)/bin/python -m pip check
+	touch $@
+
+book: $(ENV)
+	$(PYTHON) -m jupyter_book.cli.main build . -W -n --keep-going
+	@echo "The book is built: open _build/html/index.html"
+
+test: $(ENV)
+	$(PYTHON) -m ruff check lib tests tools notebooks
+	$(PYTHON) -m pytest
+
+measure: $(ENV)
+	$(PYTHON) tools/book.py run --mode measure
+
+notebooks: $(ENV)
+	$(PYTHON) tools/book.py run --mode replay --reference $(REFERENCE)
+
+wheelhouse: $(ENV)
+	rm -rf .whl && mkdir -p .whl
+	$(PYTHON) -m pip download -q --disable-pip-version-check --dest .whl -c requirements.txt \
+	  --only-binary=:all: --implementation cp --python-version $(PY) \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any \
+	  $(NOTEBOOK_PKGS)
+	@echo "$$(ls .whl | wc -l) wheels, $$(du -sh .whl | cut -f1), in .whl/. On the GPU node:"
+	@echo "  python3 -m pip install --no-index --find-links .whl $(NOTEBOOK_PKGS)"
+	@echo "  make measure PYTHON=python3"
+
+check-fresh: $(ENV)
+	$(PYTHON) tools/book.py check-fresh
+
+clean:
+	rm -rf _build .pytest_cache .ruff_cache
+	find . -name __pycache__ -not -path "./$(VENV)/*" -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) .whl

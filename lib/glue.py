@@ -1,0 +1,49 @@
+"""Numbers, words and figures handed from a notebook to the book's prose (myst-nb glue).
+
+A page never types a measured number: it pastes a glued one, for example
+{glue:text}`../notebooks/00-the-machine.ipynb::copy_bw_GBps:.0f`. Numbers are glued as plain
+Python floats (a ratio as 0.85, not "85%"), in the unit their name says (``_us``, ``_GBps``).
+Words (a device name, a date) are glued as Markdown and pasted with {glue}`path::name`.
+
+Chapters: all.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+
+def number(name: str, value) -> float:
+    """Glue a number under ``name`` (not displayed here); returns it as a float.
+
+    NaN is allowed (a smoke run may lack the sizes a quantity needs) and shows as "nan"; the
+    chapter's claims fail on it, so the reference set can never carry one into the book.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"glue {name!r}: expected a real number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    _paste(name, value)
+    return value
+
+
+def text(name: str, words: str) -> str:
+    """Glue a short text (a device name, a date) as Markdown."""
+    from IPython.display import Markdown
+
+    if not isinstance(words, str) or not words.strip():
+        raise TypeError(f"glue {name!r}: expected a non-empty string, got {words!r}")
+    _paste(name, Markdown(words))
+    return words
+
+
+def figure(name: str, fig) -> None:
+    """Glue a matplotlib figure so a page can show it with {glue:figure}."""
+    _paste(name, fig)
+
+
+def _paste(name: str, value) -> None:
+    from myst_nb import glue
+
+    if not name.isidentifier():
+        raise ValueError(f"glue name {name!r} must be an identifier such as copy_bw_GBps")
+    glue(name, value, display=False)

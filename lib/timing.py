@@ -1,0 +1,224 @@
+"""Timing: two numbers for every timed call, GPU time and call time, each a median with its spread.
+
+- GPU time: the calls are captured into a CUDA graph and the graph is replayed; CUDA events around
+  each replay, divided by the calls it holds, give the time the GPU spends per call without the
+  host's launch cost.
+- Call time: the same calls issued eagerly, one after another, timed the same way. When the host
+  needs longer to launch a call than the GPU needs to run it, this is the host's time per call.
+
+For a kernel of tens of microseconds the two differ a lot (chapter 0 measures the launch cost of a
+tiny op both ways; chapter 3 shows it at a decode-attention shape); for long kernels they agree.
+
+When the question is HBM bandwidth, pass several callables bound to different buffers whose total
+is several times the L2 (``rotation``): consecutive calls then find nothing useful in the L2.
+
+On the CPU (smoke runs) both numbers come from the wall clock: ``gpu_us`` from blocks of calls,
+``call_us`` from single calls, and ``method`` says so.
+
+Chapters: 0 explains the two numbers; 1-6 use ``bench`` for every timing they report.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Median and spread of a list of samples (microseconds per call)."""
+
+    median: float
+    q1: float
+    q3: float
+    min: float
+    max: float
+    n: int
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> "Stats":
+        xs = sorted(float(x) for x in samples)
+        if not xs:
+            raise ValueError("Stats.of() needs at least one sample")
+        if any(not math.isfinite(x) for x in xs):
+            raise ValueError(f"Stats.of() got a sample that is not finite: {xs}")
+        if len(xs) == 1:
+            q1 = q3 = xs[0]
+        else:
+            q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+        return cls(statistics.median(xs), q1, q3, xs[0], xs[-1], len(xs))
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range over the median: 0.02 means the middle half lies within 2%."""
+        return (self.q3 - self.q1) / self.median if self.median else float("nan")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Stats":
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """GPU time and call time of one callable (or a rotation of callables), per call."""
+
+    gpu_us: Stats
+    call_us: Stats
+    calls_per_sample: int
+    buffers: int
+    method: str  # "cuda-graph/eager" on a GPU, "cpu-wall" on the CPU
+
+    def to_dict(self) -> dict:
+        return {
+            "gpu_us": self.gpu_us.to_dict(),
+            "call_us": self.call_us.to_dict(),
+            "calls_per_sample": self.calls_per_sample,
+            "buffers": self.buffers,
+            "method": self.method,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Timing":
+        return cls(
+            Stats.from_dict(d["gpu_us"]), Stats.from_dict(d["call_us"]),
+            d["calls_per_sample"], d["buffers"], d["method"],
+        )
+
+
+def rotation(bytes_per_set: int, l2_bytes: int, factor: float = 4.0) -> int:
+    """How many input sets to cycle through so that together they hold ``factor`` times the L2.
+
+    With that many sets, the data of a call was last touched ``factor`` L2-sizes ago, so a call
+    reads HBM, not the L2.
+    """
+    if bytes_per_set <= 0:
+        raise ValueError(f"bytes_per_set must be positive, got {bytes_per_set}")
+    if l2_bytes < 0 or factor <= 0:
+        raise ValueError(f"need l2_bytes >= 0 and factor > 0, got {l2_bytes} and {factor}")
+    return max(1, math.ceil(factor * l2_bytes / bytes_per_set))
+
+
+def _check_args(fns, device, reps, warmup, target_ms, max_calls):
+    if callable(fns):
+        fns = [fns]
+    fns = list(fns)
+    if not fns or not all(callable(f) for f in fns):
+        raise TypeError("bench() takes a callable or a non-empty sequence of callables (one per buffer set)")
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"bench(device={device!r}): use 'cuda' or 'cpu' (lib.device.resolve picks one)")
+    if not (isinstance(reps, int) and reps >= 1):
+        raise ValueError(f"reps must be an int >= 1, got {reps!r}")
+    if not (isinstance(warmup, int) and warmup >= 0):
+        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    if not target_ms > 0:
+        raise ValueError(f"target_ms must be > 0, got {target_ms!r}")
+    if not (isinstance(max_calls, int) and max_calls >= 1):
+        raise ValueError(f"max_calls must be an int >= 1, got {max_calls!r}")
+    return fns
+
+
+def _calls_per_sample(est_us: float, nbuf: int, target_ms: float, max_calls: int) -> int:
+    """Enough calls that one sample lasts about target_ms, a whole number of rotations."""
+    n = math.ceil(target_ms * 1e3 / max(est_us, 1e-3))
+    n = max(1, min(n, max_calls))
+    return nbuf * math.ceil(n / nbuf)
+
+
+def bench(
+    fns: Callable[[], object] | Sequence[Callable[[], object]],
+    *,
+    device: str = "cuda",
+    reps: int = 30,
+    warmup: int = 3,
+    target_ms: float = 2.0,
+    max_calls: int = 2000,
+) -> Timing:
+    """Time ``fns`` (one callable, or several bound to different buffers, used in turn).
+
+    Each sample times ``calls_per_sample`` calls (chosen so a sample lasts about ``target_ms``,
+    at most ``max_calls``, at least one per buffer set); ``reps`` samples give the median and
+    spread. ``warmup`` rounds over every callable run first (compilation, caches, handles).
+    """
+    fns = _check_args(fns, device, reps, warmup, target_ms, max_calls)
+    if device == "cuda":
+        return _bench_cuda(fns, reps, warmup, target_ms, max_calls)
+    return _bench_cpu(fns, reps, warmup, target_ms, max_calls)
+
+
+def _bench_cpu(fns, reps, warmup, target_ms, max_calls) -> Timing:
+    nbuf = len(fns)
+    for _ in range(warmup):
+        for f in fns:
+            f()
+    t0 = time.perf_counter()
+    for f in fns:
+        f()
+    est_us = (time.perf_counter() - t0) * 1e6 / nbuf
+    n = _calls_per_sample(est_us, nbuf, target_ms, max_calls)
+    block, single = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for i in range(n):
+            fns[i % nbuf]()
+        block.append((time.perf_counter() - t0) * 1e6 / n)
+    for r in range(reps):
+        f = fns[r % nbuf]
+        t0 = time.perf_counter()
+        f()
+        single.append((time.perf_counter() - t0) * 1e6)
+    return Timing(Stats.of(block), Stats.of(single), n, nbuf, "cpu-wall")
+
+
+def _bench_cuda(fns, reps, warmup, target_ms, max_calls) -> Timing:
+    import torch
+
+    nbuf = len(fns)
+    # Warm up on a side stream, as graph capture requires (allocator, cuBLAS handles, autotuning).
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(max(warmup, 1)):
+            for f in fns:
+                f()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+
+    def timed(run, k):
+        start = [torch.cuda.Event(enable_timing=True) for _ in range(k)]
+        end = [torch.cuda.Event(enable_timing=True) for _ in range(k)]
+        for i in range(k):
+            start[i].record()
+            run()
+            end[i].record()
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) * 1e3 for s, e in zip(start, end)]
+
+    def one_round():
+        for f in fns:
+            f()
+
+    est_us = min(timed(one_round, 3)) / nbuf
+    n = _calls_per_sample(est_us, nbuf, target_ms, max_calls)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(n):
+            fns[i % nbuf]()
+    graph.replay()
+    torch.cuda.synchronize()
+    gpu = [t / n for t in timed(graph.replay, reps)]
+    del graph
+
+    def eager():
+        for i in range(n):
+            fns[i % nbuf]()
+
+    eager()
+    call = [t / n for t in timed(eager, reps)]
+    return Timing(Stats.of(gpu), Stats.of(call), n, nbuf, "cuda-graph/eager")

@@ -1,0 +1,119 @@
+"""Run the book's notebooks through papermill, and list stale results.
+
+    python tools/book.py run --mode measure                 # every notebook, in chapter order, in place
+    python tools/book.py run --mode replay --reference nvidia-h200
+    python tools/book.py run --mode measure --device cpu --size smoke --results-dir DIR --output-dir OUT
+    python tools/book.py check-fresh                        # stale results, exit 1 if any
+
+Chapter order matters: chapter 0 measures the ceilings the others read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from lib import results  # noqa: E402
+
+VOLATILE = ("papermill", "execution")
+
+
+def chapter_notebooks() -> list[Path]:
+    return sorted((ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb"))
+
+
+def _without_injected(path: Path):
+    """The notebook with any earlier papermill-injected parameters cell removed."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    nb.cells = [c for c in nb.cells if "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
+    return nb
+
+
+def _tidy(path: Path) -> None:
+    """Drop papermill's timestamps and paths from a notebook so reruns give small diffs."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    for key in VOLATILE:
+        nb.metadata.pop(key, None)
+        for cell in nb.cells:
+            cell.metadata.pop(key, None)
+    nbformat.write(nb, path)
+
+
+def run(args) -> int:
+    import nbformat
+    import papermill
+    import torch
+
+    params = {}
+    if args.mode != "auto":
+        # Replaying on a CPU machine is what mode="auto" does anyway: inject nothing then, so the
+        # committed notebooks keep their defaults.
+        if not (args.mode == "replay" and not torch.cuda.is_available()):
+            params["mode"] = args.mode
+    for key in ("device", "size"):
+        if getattr(args, key) != "auto":
+            params[key] = getattr(args, key)
+    if args.reference != results.REFERENCE:
+        params["reference"] = args.reference
+    if args.results_dir:
+        params["results_dir"] = str(Path(args.results_dir).resolve())
+    notebooks = [ROOT / "notebooks" / f"{n}.ipynb" for n in args.notebooks] or chapter_notebooks()
+    out_dir = Path(args.output_dir).resolve() if args.output_dir else None
+    if out_dir:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    for i, nb_path in enumerate(notebooks, 1):
+        if not nb_path.exists():
+            print(f"no such notebook: {results.show(nb_path)}", file=sys.stderr)
+            return 2
+        out = (out_dir / nb_path.name) if out_dir else nb_path
+        print(f"[{i}/{len(notebooks)}] {results.show(nb_path)} -> {results.show(out)} {params or ''}", flush=True)
+        nbformat.write(_without_injected(nb_path), out)
+        papermill.execute_notebook(
+            str(out),
+            str(out),
+            parameters=params,
+            kernel_name="python3",
+            cwd=str(nb_path.parent),
+            progress_bar=not args.no_progress,
+        )
+        _tidy(out)
+    return 0
+
+
+def check_fresh(args) -> int:
+    stale = results.stale_results(args.results_dir)
+    for path, reasons in stale:
+        print(f"stale: {results.show(path)}: {'; '.join(reasons)}")
+    if not stale:
+        print("all results are fresh: every results file matches the code that produced it")
+    return 1 if stale else 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="execute notebooks with papermill")
+    r.add_argument("notebooks", nargs="*", help="names such as 00-the-machine (default: all, in chapter order)")
+    r.add_argument("--mode", choices=results.MODES, default="auto")
+    r.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    r.add_argument("--size", choices=results.SIZES, default="auto")
+    r.add_argument("--reference", default=results.REFERENCE)
+    r.add_argument("--results-dir", default=None)
+    r.add_argument("--output-dir", default=None, help="write executed notebooks here instead of in place")
+    r.add_argument("--no-progress", action="store_true")
+    c = sub.add_parser("check-fresh", help="list results whose code changed since they were measured")
+    c.add_argument("--results-dir", default=None)
+    args = ap.parse_args(argv)
+    return run(args) if args.cmd == "run" else check_fresh(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
