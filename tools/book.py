@@ -11,6 +11,7 @@ Chapter order matters: chapter 0 measures the ceilings the others read.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -65,6 +66,8 @@ def run(args) -> int:
         params["reference"] = args.reference
     if args.results_dir:
         params["results_dir"] = str(Path(args.results_dir).resolve())
+    # The kernels import lib from this checkout, installed or not (a GPU node with its own python).
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     notebooks = [ROOT / "notebooks" / f"{n}.ipynb" for n in args.notebooks] or chapter_notebooks()
     out_dir = Path(args.output_dir).resolve() if args.output_dir else None
     if out_dir:
