@@ -2,8 +2,9 @@
 
 Chapter 0 measures copy and read bandwidth over buffer sizes, dense matmul rates over sizes and
 dtypes, and the launch cost of a tiny op. The ceilings are the best rates it saw where the question
-is the one the name asks: bandwidths only over buffers at least ``HBM_FACTOR`` times the L2 (so the
-L2 cannot serve them), matmul rates over every size. Chapters 1-6 set their measurements against
+is the one the name asks: bandwidths only over footprints at least ``HBM_FACTOR`` times the L2 (so
+the L2 cannot serve them), the copy over both ways of copying (``cudaMemcpyAsync`` and an elementwise
+kernel), matmul rates over every size. Chapters 1-6 set their measurements against
 these (``load``), never against the datasheet alone.
 
 Chapters: 0 (derivation); 1, 2, 3, 4 (rooflines and bandwidth fractions).
@@ -37,7 +38,11 @@ def beyond_l2(nbytes: int, l2_bytes: int) -> bool:
 def from_data(data: dict) -> dict:
     """The ceilings chapter 0's data supports (GPU time, the medians of CUDA-graph replays)."""
     l2 = data["l2_bytes"]
-    copy = [gbps(2 * r["bytes"], r["timing"]["gpu_us"]["median"]) for r in data["copy"] if beyond_l2(2 * r["bytes"], l2)]
+    copy = [
+        gbps(2 * r["bytes"], r["timing"]["gpu_us"]["median"])
+        for r in data["copy"] + data["copy_kernel"]
+        if beyond_l2(2 * r["bytes"], l2)
+    ]
     read = [gbps(r["bytes"], r["timing"]["gpu_us"]["median"]) for r in data["read"] if beyond_l2(r["bytes"], l2)]
     if not copy or not read:
         raise ValueError(f"chapter 0's data has no buffer of at least {HBM_FACTOR}x the L2 ({l2} bytes) to take HBM bandwidth from")

@@ -138,3 +138,27 @@ def provenance(device: str) -> dict:
     )
     rec["platform"] = sys.platform
     return rec
+
+
+def clocks() -> dict | None:
+    """The GPU's SM clock (MHz), power draw (W) and temperature (C) now, through NVML.
+
+    Read right after a timing, it shows whether the GPU was boosting or held back by power or
+    heat. None where NVML (the nvidia-ml-py package) or a GPU is not available.
+    """
+    try:
+        import pynvml
+        import torch
+
+        pynvml.nvmlInit()
+        try:
+            h = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+            return {
+                "sm_MHz": int(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)),
+                "power_W": pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
+                "temp_C": int(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)),
+            }
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # ImportError, NVMLError, no GPU: the reading is optional
+        return None
