@@ -41,7 +41,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	touch $@
 
 book: $(ENV)
-	$(PYTHON) -m jupyter_book.cli.main build . -W -n --keep-going
+	$(dir $(PYTHON))jupyter-book build . -W -n --keep-going
 	@echo "The book is built: open _build/html/index.html"
 
 test: $(ENV)

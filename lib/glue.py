@@ -3,7 +3,7 @@
 A page never types a measured number: it pastes a glued one, for example
 {glue:text}`../notebooks/00-the-machine.ipynb::copy_bw_GBps:.0f`. Numbers are glued as plain
 Python floats (a ratio as 0.85, not "85%"), in the unit their name says (``_us``, ``_GBps``).
-Words (a device name, a date) are glued as Markdown and pasted with {glue}`path::name`.
+Words (a device name, a date) are glued as strings and pasted the same way, with {glue:text}.
 
 Chapters: all.
 """
@@ -27,18 +27,21 @@ def number(name: str, value) -> float:
 
 
 def text(name: str, words: str) -> str:
-    """Glue a short text (a device name, a date) as Markdown."""
-    from IPython.display import Markdown
-
+    """Glue a short text (a device name, a date), pasted with {glue:text}."""
     if not isinstance(words, str) or not words.strip():
         raise TypeError(f"glue {name!r}: expected a non-empty string, got {words!r}")
-    _paste(name, Markdown(words))
+    _paste(name, words)
     return words
 
 
 def figure(name: str, fig) -> None:
-    """Glue a matplotlib figure so a page can show it with {glue:figure}."""
+    """Glue a matplotlib figure; a page shows it with the {glue} directive and its :doc: option."""
     _paste(name, fig)
+
+
+def table(name: str, frame) -> None:
+    """Glue a pandas DataFrame (a claims table, a summary); shown like a figure."""
+    _paste(name, frame)
 
 
 def _paste(name: str, value) -> None:
