@@ -9,12 +9,18 @@ PY ?= 3.12
 # The wheels a notebook needs beyond torch and triton (with everything they depend on).
 NOTEBOOK_PKGS ?= papermill ipykernel nbclient myst-nb numpy pandas matplotlib tqdm
 
+# The Triton release installed where torch brings none (its CPU build): the reference machine's.
+TRITON ?= 3.6.0
+
 # PYTHON=... on the command line uses that interpreter as it is (a GPU node with its own torch);
-# otherwise the targets create and use the pinned virtual environment in $(VENV).
+# otherwise the targets create and use the pinned virtual environment in $(VENV): the book's part
+# for `make book`, all of it for the rest.
 ifeq ($(origin PYTHON),command line)
+BOOK_ENV :=
 ENV :=
 else
 PYTHON := $(VENV)/bin/python
+BOOK_ENV := $(VENV)/.book-installed
 ENV := $(VENV)/.installed
 endif
 
@@ -33,15 +39,21 @@ help:
 	@echo "make check-fresh  list results whose code changed since they were measured"
 	@echo "make clean        remove build outputs (distclean: the virtual environment too)"
 
-$(VENV)/.installed: requirements.txt pyproject.toml
+$(VENV)/.book-installed: requirements-book.txt constraints.txt
 	$(BOOTSTRAP_PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-book.txt
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.book-installed requirements.txt pyproject.toml
 	$(VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(VENV)/bin/python -m pip show -q triton 2>/dev/null || \
+	  $(VENV)/bin/python -m pip install -q --disable-pip-version-check triton==$(TRITON)
 	$(VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	$(VENV)/bin/python -m pip check
 	touch $@
 
-book: $(ENV)
-	$(dir $(PYTHON))jupyter-book build . -W -n --keep-going
+book: $(BOOK_ENV)
+	$(PYTHON) -c "import sys; from jupyter_book.cli.main import main; sys.exit(main())" build . -W -n --keep-going
 	@echo "The book is built: open _build/html/index.html"
 
 test: $(ENV)
@@ -56,7 +68,7 @@ notebooks: $(ENV)
 
 wheelhouse: $(ENV)
 	rm -rf .whl && mkdir -p .whl
-	$(PYTHON) -m pip download -q --disable-pip-version-check --dest .whl -c requirements.txt \
+	$(PYTHON) -m pip download -q --disable-pip-version-check --dest .whl -c constraints.txt \
 	  --only-binary=:all: --implementation cp --python-version $(PY) \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
 	  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any \

@@ -45,7 +45,9 @@ def from_data(data: dict) -> dict:
     ]
     read = [gbps(r["bytes"], r["timing"]["gpu_us"]["median"]) for r in data["read"] if beyond_l2(r["bytes"], l2)]
     if not copy or not read:
-        raise ValueError(f"chapter 0's data has no buffer of at least {HBM_FACTOR}x the L2 ({l2} bytes) to take HBM bandwidth from")
+        raise ValueError(
+            f"chapter 0's data has no buffer of at least {HBM_FACTOR}x the L2 ({l2} bytes) to take HBM bandwidth from"
+        )
     out = {"copy_bw_GBps": max(copy), "read_bw_GBps": max(read)}
     for dt in DTYPES:
         rates = [tflops(2.0 * r["n"] ** 3, r["timing"]["gpu_us"]["median"]) for r in data["matmul"] if r["dtype"] == dt]

@@ -133,7 +133,7 @@ def provenance(device: str) -> dict:
         triton=triton_version,
         numpy=numpy.__version__,
         python=platform.python_version(),
-        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         **commit(),
     )
     rec["platform"] = sys.platform

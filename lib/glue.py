@@ -13,25 +13,22 @@ from __future__ import annotations
 import numbers
 
 
-def number(name: str, value) -> float:
-    """Glue a number under ``name`` (not displayed here); returns it as a float.
+def number(name: str, value) -> None:
+    """Glue a number under ``name`` as a float (not displayed here).
 
     NaN is allowed (a smoke run may lack the sizes a quantity needs) and shows as "nan"; the
     chapter's claims fail on it, so the reference set can never carry one into the book.
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"glue {name!r}: expected a real number, got {type(value).__name__} {value!r}")
-    value = float(value)
-    _paste(name, value)
-    return value
+    _paste(name, float(value))
 
 
-def text(name: str, words: str) -> str:
+def text(name: str, words: str) -> None:
     """Glue a short text (a device name, a date), pasted with {glue:text}."""
     if not isinstance(words, str) or not words.strip():
         raise TypeError(f"glue {name!r}: expected a non-empty string, got {words!r}")
     _paste(name, words)
-    return words
 
 
 def figure(name: str, fig) -> None:

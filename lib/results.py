@@ -23,17 +23,16 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Iterable
 
 from lib.device import ROOT
 
 SCHEMA = 1
 REFERENCE = "nvidia-h200"  # the results set the committed book replays
 RESULTS = ROOT / "results"
-NOTEBOOKS = ROOT / "notebooks"
 MEASURE_TAG = "measure"
 MODES = ("auto", "measure", "replay")
 SIZES = ("auto", "full", "smoke")
@@ -104,11 +103,15 @@ def fingerprint(sources: Iterable[str], root: Path = ROOT) -> dict:
     return {"fingerprint": _sha(json.dumps(each, sort_keys=True)), "sources": each}
 
 
-def code_sources(notebook: str, code: Iterable[ModuleType | str] = ()) -> list[str]:
+def code_sources(notebook: str, code: Iterable[ModuleType | str] = (), root: Path = ROOT) -> list[str]:
+    """The sources a notebook's results depend on, relative to the repository root."""
     out = [f"notebooks/{notebook}.ipynb#{MEASURE_TAG}"]
     for c in code:
-        path = Path(c.__file__) if isinstance(c, ModuleType) else ROOT / c
-        out.append(show(path))
+        path = Path(c.__file__) if isinstance(c, ModuleType) else Path(root) / c
+        rel = show(path, root)
+        if Path(rel).is_absolute():
+            raise ValueError(f"measuring code {path} lies outside the repository {root}")
+        out.append(rel)
     return out
 
 
@@ -252,16 +255,18 @@ class Run:
         reference: str = REFERENCE,
         results_dir: str | Path | None = None,
         code: Iterable[ModuleType | str] = (),
+        root: str | Path = ROOT,
     ):
         if mode not in MODES:
             raise ValueError(f"mode={mode!r} is not one of {MODES}")
         if size not in SIZES:
             raise ValueError(f"size={size!r} is not one of {SIZES}")
-        if not (NOTEBOOKS / f"{notebook}.ipynb").exists():
+        self.root = Path(root)
+        if not (self.root / "notebooks" / f"{notebook}.ipynb").exists():
             raise ValueError(f"there is no notebooks/{notebook}.ipynb; pass the notebook's name without .ipynb")
         self.notebook = notebook
-        self.results_dir = Path(results_dir) if results_dir else RESULTS
-        self.sources = code_sources(notebook, code)
+        self.results_dir = Path(results_dir) if results_dir else self.root / "results"
+        self.sources = code_sources(notebook, code, self.root)
         if mode == "auto":
             import torch
 
@@ -281,7 +286,7 @@ class Run:
             stored_size = self._stored["params"].get("size")
             if size not in ("auto", stored_size):
                 raise ParameterMismatch(
-                    f"{show(self.path)} holds a {stored_size!r} run, and size={size!r} was asked for. "
+                    f"{show(self.path, self.root)} holds a {stored_size!r} run, and size={size!r} was asked for. "
                     f"Replay with size='auto' (or {stored_size!r}). "
                     f"{remeasure_hint(notebook, reference, f' -p size {size}')}."
                 )
@@ -309,7 +314,7 @@ class Run:
     def _measure(self, params, measure) -> Result:
         from lib import device as dev
 
-        code = fingerprint(self.sources)
+        code = fingerprint(self.sources, self.root)
         prov = dev.provenance(self.device)
         print(f"measuring {self.notebook} on {prov['name']} ({self.size}) ...", flush=True)
         data = measure(params)
@@ -322,7 +327,7 @@ class Run:
             "data": data,
         }
         write(self.path, record)
-        print(f"wrote {show(self.path)}", flush=True)
+        print(f"wrote {show(self.path, self.root)}", flush=True)
         return Result(_normal(data), params, prov, self.path, measured=True)
 
     def _replay(self, params) -> Result:
@@ -330,16 +335,17 @@ class Run:
         diff = param_diff(params, rec["params"])
         if diff:
             raise ParameterMismatch(
-                f"{show(self.path)} was measured with other parameters than this notebook asks for:\n  "
+                f"{show(self.path, self.root)} was measured with other parameters than this notebook asks for:\n  "
                 + "\n  ".join(diff)
                 + f"\n{remeasure_hint(self.notebook, self.slug)}."
             )
-        stale = stale_reasons(rec)
+        stale = stale_reasons(rec, self.root)
         if stale:
             warn(
-                f"{show(self.path)} is stale: its code changed since it was measured "
+                f"{show(self.path, self.root)} is stale: its code changed since it was measured "
                 f"({'; '.join(stale)}). The numbers below may differ from what this notebook measures "
                 f"now. {remeasure_hint(self.notebook, self.slug)}."
             )
-        print(f"replaying {show(self.path)}: {rec['provenance']['name']}, {rec['provenance']['date'][:10]}", flush=True)
+        prov = rec["provenance"]
+        print(f"replaying {show(self.path, self.root)}: {prov['name']}, {prov['date'][:10]}", flush=True)
         return Result(rec["data"], rec["params"], rec["provenance"], self.path, measured=False, stale=stale)

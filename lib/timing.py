@@ -23,8 +23,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Stats:
     n: int
 
     @classmethod
-    def of(cls, samples: Sequence[float]) -> "Stats":
+    def of(cls, samples: Sequence[float]) -> Stats:
         xs = sorted(float(x) for x in samples)
         if not xs:
             raise ValueError("Stats.of() needs at least one sample")
@@ -60,7 +60,7 @@ class Stats:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Stats":
+    def from_dict(cls, d: dict) -> Stats:
         return cls(**d)
 
 
@@ -84,7 +84,7 @@ class Timing:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Timing":
+    def from_dict(cls, d: dict) -> Timing:
         return cls(
             Stats.from_dict(d["gpu_us"]), Stats.from_dict(d["call_us"]),
             d["calls_per_sample"], d["buffers"], d["method"],
@@ -120,6 +120,14 @@ def _check_args(fns, device, reps, warmup, target_ms, max_calls):
         raise ValueError(f"target_ms must be > 0, got {target_ms!r}")
     if not (isinstance(max_calls, int) and max_calls >= 1):
         raise ValueError(f"max_calls must be an int >= 1, got {max_calls!r}")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                "bench(device='cuda') needs a CUDA GPU and torch sees none; time on the CPU with "
+                "device='cpu' (lib.device.resolve('auto') picks what is there)"
+            )
     return fns
 
 

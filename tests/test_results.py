@@ -1,0 +1,195 @@
+"""lib.results: the store, measure-or-replay, parameter checks, stale detection, atomic writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from lib import results
+from lib.results import MissingResults, ParameterMismatch, ResultsError, Run
+from tests.conftest import ROOT, make_notebook
+
+
+def measure_n(params):
+    return {"x": params["n"] * 2, "values": [0.5, 1.5]}
+
+
+def run(repo, mode, **kw):
+    kw.setdefault("device", "cpu")
+    return Run("exp", mode=mode, root=repo, code=["lib_fake/helper.py"], **kw)
+
+
+def test_measure_then_replay_round_trip(repo):
+    measured = run(repo, "measure").measure_or_replay({"n": 21}, measure_n)
+    assert measured.measured and measured.data == {"x": 42, "values": [0.5, 1.5]}
+    path = repo / "results" / "cpu" / "exp.json"
+    assert path.exists() and measured.path == path
+    rec = json.loads(path.read_text())
+    assert rec["params"] == {"size": "smoke", "n": 21}
+    assert set(rec["code"]["sources"]) == {"notebooks/exp.ipynb#measure", "lib_fake/helper.py"}
+    for key in ("name", "slug", "torch", "python", "date", "commit", "numpy"):
+        assert key in rec["provenance"]
+
+    replay = run(repo, "replay", reference="cpu")
+    assert replay.size == "smoke" and not replay.strict
+    again = replay.measure_or_replay({"n": 21}, lambda p: pytest.fail("replay must not measure"))
+    assert not again.measured and again.data == measured.data and again.stale == []
+    assert again.provenance == rec["provenance"]
+
+
+def test_replay_of_the_reference_set_is_strict(repo):
+    results.write(repo / "results" / results.REFERENCE / "exp.json", {
+        "schema": results.SCHEMA, "notebook": "exp", "params": {"size": "full", "n": 1},
+        "code": results.fingerprint(["notebooks/exp.ipynb#measure"], repo),
+        "provenance": {"name": "GPU", "kind": "cuda", "date": "2026-01-01T00:00:00Z"}, "data": {"x": 2},
+    })
+    r = Run("exp", mode="replay", root=repo)
+    assert r.strict and r.size == "full" and r.device == "cuda"
+
+
+def test_missing_file_names_the_file_and_the_command(repo):
+    with pytest.raises(MissingResults) as e:
+        run(repo, "replay", reference="some-gpu")
+    msg = str(e.value)
+    assert "results/some-gpu/exp.json" in msg and "does not exist" in msg
+    assert "make measure" in msg and "papermill notebooks/exp.ipynb" in msg
+
+
+def test_parameter_mismatch_names_both_values(repo):
+    run(repo, "measure").measure_or_replay({"n": 21}, measure_n)
+    with pytest.raises(ParameterMismatch) as e:
+        run(repo, "replay", reference="cpu").measure_or_replay({"n": 22}, measure_n)
+    msg = str(e.value)
+    assert "results/cpu/exp.json" in msg and "n: asked 22, stored 21" in msg and "Re-measure" in msg
+    with pytest.raises(ParameterMismatch, match="holds a 'smoke' run, and size='full'"):
+        run(repo, "replay", reference="cpu", size="full")
+
+
+def test_changed_experiment_is_reported_stale(repo, capsys):
+    run(repo, "measure").measure_or_replay({"n": 21}, measure_n)
+    path = repo / "results" / "cpu" / "exp.json"
+    assert results.stale_results(repo / "results", repo) == []
+
+    # a cell that is not tagged 'measure' may change freely
+    nb = json.loads((repo / "notebooks" / "exp.ipynb").read_text())
+    nb["cells"][1]["source"] = "print('changed, but not measuring code')"
+    (repo / "notebooks" / "exp.ipynb").write_text(json.dumps(nb))
+    assert results.stale_reasons(results.read(path), repo) == []
+
+    make_notebook(repo / "notebooks" / "exp.ipynb", "def measure(p):\n    return {'x': p['n'] * 3}\n")
+    (repo / "lib_fake" / "helper.py").write_text("SCALE = 3\n")
+    reasons = results.stale_reasons(results.read(path), repo)
+    assert reasons == ["notebooks/exp.ipynb#measure changed", "lib_fake/helper.py changed"]
+    assert results.stale_results(repo / "results", repo) == [(path, reasons)]
+
+    capsys.readouterr()
+    res = run(repo, "replay", reference="cpu").measure_or_replay({"n": 21}, measure_n)
+    err = capsys.readouterr().err
+    assert res.stale == reasons
+    assert err.startswith("WARNING:") and "is stale" in err and "notebooks/exp.ipynb#measure changed" in err
+
+    (repo / "lib_fake" / "helper.py").unlink()
+    assert "lib_fake/helper.py is gone or unreadable" in results.stale_reasons(results.read(path), repo)
+
+
+def test_check_fresh_command_lists_stale_results(repo):
+    run(repo, "measure").measure_or_replay({"n": 1}, measure_n)
+    rec = results.read(repo / "results" / "cpu" / "exp.json")
+    # the command checks sources against this repository: point a copy of the record at a file here
+    rec["code"]["sources"] = {"lib/timing.py": "0" * 64}
+    results.write(repo / "results" / "cpu" / "exp.json", rec)
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "book.py"), "check-fresh", "--results-dir",
+                          str(repo / "results")], capture_output=True, text=True)
+    assert out.returncode == 1 and "stale:" in out.stdout and "lib/timing.py changed" in out.stdout
+
+
+def test_damaged_files_give_clear_errors(repo):
+    path = repo / "results" / "cpu" / "exp.json"
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    with pytest.raises(ResultsError, match="is not valid JSON.*Re-measure"):
+        run(repo, "replay", reference="cpu")
+    path.write_text(json.dumps({"schema": results.SCHEMA, "data": {}}))
+    with pytest.raises(ResultsError, match="missing keys"):
+        run(repo, "replay", reference="cpu")
+
+
+def test_bad_arguments(repo):
+    with pytest.raises(ValueError, match="mode="):
+        Run("exp", mode="sometimes", root=repo)
+    with pytest.raises(ValueError, match="size="):
+        Run("exp", mode="measure", size="huge", root=repo)
+    with pytest.raises(ValueError, match="no notebooks/nope.ipynb"):
+        Run("nope", mode="measure", root=repo)
+    with pytest.raises(TypeError, match="JSON-serializable"):
+        run(repo, "measure").measure_or_replay({"n": object()}, measure_n)
+    with pytest.raises(ValueError, match="outside the repository"):
+        Run("exp", mode="measure", device="cpu", root=repo, code=[results])
+
+
+def test_measuring_on_a_missing_gpu_fails_clearly(repo):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(RuntimeError, match="device='cuda' was asked for"):
+        Run("exp", mode="measure", device="cuda", root=repo)
+
+
+def test_failed_write_keeps_the_old_file(tmp_path):
+    path = tmp_path / "r.json"
+    results.write(path, {"a": 1})
+    with pytest.raises(ValueError):
+        results.write(path, {"a": float("nan")})  # not valid JSON: refused before touching the file
+    assert json.loads(path.read_text()) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+WRITER = textwrap.dedent("""
+    import os, sys, time
+    sys.path.insert(0, {root!r})
+    from lib import results
+    real_fsync = os.fsync
+    def stuck_fsync(fd):  # the new data is in the temporary file: say so, then hang here
+        open({marker!r}, "w").close()
+        time.sleep(60)
+    os.fsync = stuck_fsync
+    results.write({path!r}, {{"version": "new", "data": list(range(200000))}})
+""")
+
+
+def test_killed_writer_leaves_the_old_file_intact(tmp_path):
+    path, marker = tmp_path / "r.json", tmp_path / "writing"
+    results.write(path, {"version": "old"})
+    script = WRITER.format(root=str(ROOT), marker=str(marker), path=str(path))
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.time() + 60
+        while not marker.exists():
+            assert proc.poll() is None, "the writer exited before it was killed"
+            assert time.time() < deadline, "the writer never reached its write"
+            time.sleep(0.01)
+        temps = [p for p in tmp_path.iterdir() if p.name.startswith(".r.json.")]
+        assert len(temps) == 1 and temps[0].stat().st_size > 1_000_000  # mid-write: new data on disk
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert json.loads(path.read_text()) == {"version": "old"}
+    # the next write succeeds and replaces the file whole
+    results.write(path, {"version": "newer"})
+    assert json.loads(path.read_text()) == {"version": "newer"}
+
+
+def test_show_paths_relative_to_the_repository():
+    assert results.show(ROOT / "results" / "x" / "y.json") == "results/x/y.json"
+    assert results.show(Path("/elsewhere/y.json")) == "/elsewhere/y.json"
