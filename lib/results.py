@@ -35,6 +35,7 @@ REFERENCE = "nvidia-h200"  # the results set the committed book replays
 RESULTS = ROOT / "results"
 MEASURE_TAG = "measure"
 MODES = ("auto", "measure", "replay")
+MODE_ENV = "BOOK_MODE"  # overrides what mode="auto" picks (the test suite replays, even on a GPU)
 SIZES = ("auto", "full", "smoke")
 
 
@@ -216,6 +217,12 @@ def warn(message: str) -> None:
 
 # ---------------------------------------------------------------------------- one notebook's run
 
+def _auto_mode() -> str:
+    import torch
+
+    return "measure" if torch.cuda.is_available() else "replay"
+
+
 @dataclass
 class Result:
     """What a notebook works with after measuring or replaying."""
@@ -239,7 +246,8 @@ class Result:
 class Run:
     """One notebook's run: resolves mode, device and size, then measures or replays.
 
-    ``mode``: "measure", "replay" or "auto" (measure when torch sees a CUDA GPU, else replay).
+    ``mode``: "measure", "replay" or "auto" (measure when torch sees a CUDA GPU, else replay; the
+    environment variable BOOK_MODE, when set, decides for "auto" instead).
     ``device``: "cuda", "cpu" or "auto" (measuring only). ``size``: "full", "smoke" or "auto"
     (measuring: full on a GPU, smoke on the CPU; replaying: whatever the stored set holds).
     ``code``: the lib modules whose source, with the notebook's ``measure`` cells, produced the data.
@@ -268,9 +276,9 @@ class Run:
         self.results_dir = Path(results_dir) if results_dir else self.root / "results"
         self.sources = code_sources(notebook, code, self.root)
         if mode == "auto":
-            import torch
-
-            mode = "measure" if torch.cuda.is_available() else "replay"
+            mode = os.environ.get(MODE_ENV) or _auto_mode()
+            if mode not in ("measure", "replay"):
+                raise ValueError(f"the environment variable {MODE_ENV}={mode!r} must be 'measure' or 'replay'")
         self.mode = mode
         self._stored = None
         if mode == "measure":

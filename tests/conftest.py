@@ -11,6 +11,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("IPYTHONDIR", str(ROOT / "tools" / "ipython"))
 os.environ.pop("MPLBACKEND", None)
+# nbval re-executes the committed notebooks with their defaults: make them replay the reference set even
+# on a machine with a GPU, where mode="auto" would measure and overwrite it.
+os.environ["BOOK_MODE"] = "replay"
 
 
 def pytest_terminal_summary(terminalreporter):

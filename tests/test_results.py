@@ -193,3 +193,16 @@ def test_killed_writer_leaves_the_old_file_intact(tmp_path):
 def test_show_paths_relative_to_the_repository():
     assert results.show(ROOT / "results" / "x" / "y.json") == "results/x/y.json"
     assert results.show(Path("/elsewhere/y.json")) == "/elsewhere/y.json"
+
+
+def test_book_mode_decides_what_auto_does(repo, monkeypatch):
+    monkeypatch.setenv("BOOK_MODE", "measure")
+    r = Run("exp", mode="auto", device="cpu", root=repo)
+    assert r.mode == "measure" and r.size == "smoke"
+    r.measure_or_replay({"n": 1}, measure_n)
+    monkeypatch.setenv("BOOK_MODE", "replay")
+    assert Run("exp", mode="auto", reference="cpu", root=repo).mode == "replay"
+    assert Run("exp", mode="measure", device="cpu", root=repo).mode == "measure"  # an explicit mode wins
+    monkeypatch.setenv("BOOK_MODE", "sometimes")
+    with pytest.raises(ValueError, match="BOOK_MODE='sometimes'"):
+        Run("exp", mode="auto", root=repo)

@@ -51,14 +51,12 @@ def _tidy(path: Path) -> None:
 def run(args) -> int:
     import nbformat
     import papermill
-    import torch
 
-    params = {}
+    # The mode travels in the environment (it decides what mode="auto" does in every kernel), so the
+    # notebooks keep their defaults and no papermill-injected cell is needed for it.
     if args.mode != "auto":
-        # Replaying on a CPU machine is what mode="auto" does anyway: inject nothing then, so the
-        # committed notebooks keep their defaults.
-        if not (args.mode == "replay" and not torch.cuda.is_available()):
-            params["mode"] = args.mode
+        os.environ[results.MODE_ENV] = args.mode
+    params = {}
     for key in ("device", "size"):
         if getattr(args, key) != "auto":
             params[key] = getattr(args, key)
