@@ -9,7 +9,7 @@ Chapters: 1 and 2.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 
 def kernels_per_call(fn: Callable[[], object], device: str) -> int | None:
