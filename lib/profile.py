@@ -1,8 +1,8 @@
-"""How many GPU kernels one call launches, counted by the PyTorch profiler.
+"""Which GPU kernels one call launches, seen by the PyTorch profiler.
 
 A model of an operation's time includes one launch per kernel (chapter 2's launch floor): an eager
-RMSNorm made of several elementwise kernels pays several launches, a cuBLAS product may add a
-split-K reduction. Counting them on the device replaces a guess.
+operator made of several kernels pays several launches, a cuBLAS product may add a split-K
+reduction. Counting them on the device replaces a guess, and their names say which algorithm ran.
 
 Chapters: 1 and 2.
 """
@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 
-def kernels_per_call(fn: Callable[[], object], device: str) -> int | None:
-    """The number of GPU activities (kernels, memsets, copies) one call of ``fn`` issues.
+def kernel_names(fn: Callable[[], object], device: str) -> list[str] | None:
+    """The names of the GPU activities (kernels, memsets, copies) one call of ``fn`` issues, in order.
 
-    None on the CPU, or where the profiler cannot see the GPU (then a model assumes one kernel).
+    None on the CPU, or where the profiler cannot see the GPU.
     """
     if device != "cuda":
         return None
@@ -29,7 +29,13 @@ def kernels_per_call(fn: Callable[[], object], device: str) -> int | None:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize()
-        n = sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+        names = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
     except Exception:  # a profiler that cannot attach must not lose the measurement
         return None
-    return n or None
+    return names or None
+
+
+def kernels_per_call(fn: Callable[[], object], device: str) -> int | None:
+    """How many GPU activities one call issues (None where they cannot be seen; a model then assumes 1)."""
+    names = kernel_names(fn, device)
+    return len(names) if names else None
