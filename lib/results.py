@@ -23,6 +23,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -325,6 +326,7 @@ class Run:
         code = fingerprint(self.sources, self.root)
         prov = dev.provenance(self.device)
         print(f"measuring {self.notebook} on {prov['name']} ({self.size}) ...", flush=True)
+        start = time.perf_counter()
         data = measure(params)
         record = {
             "schema": SCHEMA,
@@ -332,6 +334,7 @@ class Run:
             "params": params,
             "code": code,
             "provenance": prov,
+            "elapsed_s": time.perf_counter() - start,  # how long the measurement took, wall clock
             "data": data,
         }
         write(self.path, record)

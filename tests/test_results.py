@@ -35,6 +35,7 @@ def test_measure_then_replay_round_trip(repo):
     rec = json.loads(path.read_text())
     assert rec["params"] == {"size": "smoke", "n": 21}
     assert set(rec["code"]["sources"]) == {"notebooks/exp.ipynb#measure", "lib_fake/helper.py"}
+    assert 0 <= rec["elapsed_s"] < 60
     for key in ("name", "slug", "torch", "python", "date", "commit", "numpy"):
         assert key in rec["provenance"]
 
