@@ -1,0 +1,13 @@
+"""Triton kernels of the book. On a machine without a CUDA GPU they run in Triton's interpreter
+(TRITON_INTERPRET=1, set here before any kernel is defined), which is how CI tests them; there,
+use fp16 or fp32 (the interpreter computes bf16 wrongly).
+
+- ``lib.kernels.decode_attention``: paged, GQA-aware, split-KV decode attention (chapter 3).
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")

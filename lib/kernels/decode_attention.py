@@ -1,0 +1,269 @@
+"""Decode attention over a paged KV cache, in one Triton kernel launch.
+
+One new query token per request attends to that request's cached keys and values:
+
+    out[b, h] = softmax(q[b, h] . K[b, kv(h)]^T * scale) . V[b, kv(h)]
+
+The cache is paged: ``k_cache`` and ``v_cache`` have shape [num_pages, H_kv, page_size, d] and
+``block_table[b, i]`` names the page that holds tokens i*page_size .. (i+1)*page_size - 1 of request b,
+which has ``seq_lens[b]`` tokens. A dense cache [B, H_kv, L, d] is the same thing with one page per
+request (``block_table[b, 0] = b``, page_size = L).
+
+The kernel (chapter 3 explains it):
+
+- GQA-aware: a program serves one (request, KV head) and all H_q/H_kv query heads that share it, so each
+  byte of K and V is loaded once per step, not once per query head.
+- Split-KV (flash-decoding): the context is cut into ``num_splits`` ranges handled by separate programs,
+  so that B * H_kv * num_splits programs keep the SMs busy even for one request.
+- Each split keeps a running maximum and sum (online softmax, in base 2, fp32 accumulation) and writes
+  its partial result; the last split of a (request, KV head) to finish, found by an atomic counter,
+  combines them by log-sum-exp and resets the counter. One launch per call, no second kernel.
+
+Chapters: 3.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@triton.jit
+def _decode_kernel(
+    # pointers
+    Q, K, V, BT, LENS, O, PACC, PM, PL, CNT,
+    # scalars
+    scale_log2, split_len, H_Q, H_KV,
+    # strides (elements)
+    stride_qb, stride_qh,
+    stride_kp, stride_kh, stride_kt,
+    stride_vp, stride_vh, stride_vt,
+    stride_btb,
+    stride_ob, stride_oh,
+    # meta-parameters
+    G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    s = tl.program_id(2)
+    seq_len = tl.load(LENS + b)
+
+    g = tl.arange(0, BLOCK_G)
+    gmask = g < G
+    heads = kvh * G + g
+    dd = tl.arange(0, D)
+    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + dd[None, :], mask=gmask[:, None], other=0.0)
+
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_sum = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, D], tl.float32)
+
+    start = s * split_len
+    end = tl.minimum(start + split_len, seq_len)
+    for n0 in range(start, end, BLOCK_N):
+        t = n0 + tl.arange(0, BLOCK_N)
+        tmask = t < end
+        if PAGE % BLOCK_N == 0:
+            # a tile never crosses a page: one block-table entry, contiguous rows
+            page = tl.load(BT + b * stride_btb + n0 // PAGE).to(tl.int64)
+            row = n0 % PAGE + tl.arange(0, BLOCK_N)
+            k_off = page * stride_kp + kvh * stride_kh + row * stride_kt
+            v_off = page * stride_vp + kvh * stride_vh + row * stride_vt
+        else:
+            # small pages: look up the page of every token
+            page = tl.load(BT + b * stride_btb + t // PAGE, mask=tmask, other=0).to(tl.int64)
+            row = t % PAGE
+            k_off = page * stride_kp + kvh * stride_kh + row * stride_kt
+            v_off = page * stride_vp + kvh * stride_vh + row * stride_vt
+        k = tl.load(K + k_off[:, None] + dd[None, :], mask=tmask[:, None], other=0.0)
+        scores = tl.dot(q, tl.trans(k)) * scale_log2
+        scores = tl.where(tmask[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, 1))
+        p = tl.exp2(scores - m_new[:, None])
+        alpha = tl.exp2(m - m_new)
+        l_sum = l_sum * alpha + tl.sum(p, 1)
+        v = tl.load(V + v_off[:, None] + dd[None, :], mask=tmask[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m = m_new
+
+    o_ptrs = O + b * stride_ob + heads[:, None] * stride_oh + dd[None, :]
+    if SPLITS == 1:
+        out = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=gmask[:, None])
+    else:
+        part = (b * H_Q + heads) * SPLITS  # [BLOCK_G] first partial of each head
+        tl.store(PM + part + s, m, mask=gmask)
+        tl.store(PL + part + s, l_sum, mask=gmask)
+        tl.store(PACC + (part + s)[:, None] * D + dd[None, :], acc, mask=gmask[:, None])
+        # acq_rel: our partials are visible before the count moves; the last program sees them all
+        done = tl.atomic_add(CNT + b * H_KV + kvh, 1)
+        if done == SPLITS - 1:
+            sp = tl.arange(0, SPLITS)
+            ms = tl.load(PM + part[:, None] + sp[None, :], mask=gmask[:, None], other=float("-inf"),
+                         cache_modifier=".cg")
+            m_all = tl.max(ms, 1)
+            m_all = tl.where(m_all == float("-inf"), 0.0, m_all)  # padded heads: keep the arithmetic finite
+            total = tl.zeros([BLOCK_G], tl.float32)
+            out = tl.zeros([BLOCK_G, D], tl.float32)
+            for i in range(SPLITS):
+                m_i = tl.load(PM + part + i, mask=gmask, other=float("-inf"), cache_modifier=".cg")
+                l_i = tl.load(PL + part + i, mask=gmask, other=0.0, cache_modifier=".cg")
+                w = tl.where(m_i == float("-inf"), 0.0, tl.exp2(m_i - m_all))
+                total += l_i * w
+                a_i = tl.load(PACC + (part + i)[:, None] * D + dd[None, :], mask=gmask[:, None], other=0.0,
+                              cache_modifier=".cg")
+                out += a_i * w[:, None]
+            out = out / tl.where(total > 0, total, 1.0)[:, None]
+            tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=gmask[:, None])
+            tl.atomic_xchg(CNT + b * H_KV + kvh, 0)  # ready for the next call
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+_WORKSPACE: dict[tuple, tuple[torch.Tensor, ...]] = {}
+
+
+def _workspace(device, B, H_q, H_kv, D, splits):
+    key = (device, B, H_q, H_kv, D, splits)
+    ws = _WORKSPACE.get(key)
+    if ws is None:
+        ws = (
+            torch.empty(B * H_q * splits * D, device=device, dtype=torch.float32),
+            torch.empty(B * H_q * splits, device=device, dtype=torch.float32),
+            torch.empty(B * H_q * splits, device=device, dtype=torch.float32),
+            torch.zeros(B * H_kv, device=device, dtype=torch.int32),
+        )
+        _WORKSPACE[key] = ws
+    return ws
+
+
+def choose_splits(programs: int, max_len: int, block_n: int, sms: int, waves: float = 2.0, most: int = 64) -> int:
+    """Splits per (request, KV head): the smallest power of two giving ``waves`` programs per SM, but no
+    more than the context has tiles of ``block_n`` tokens, and at most ``most``."""
+    want = math.ceil(waves * sms / max(programs, 1))
+    cap = min(max(1, math.ceil(max_len / block_n)), most)
+    splits = 1
+    while splits < want and splits * 2 <= cap:
+        splits *= 2
+    return splits
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    max_seq_len: int | None = None,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> torch.Tensor:
+    """Attention of one query token per request over a paged KV cache; returns [B, H_q, d].
+
+    q: [B, H_q, d]. k_cache, v_cache: [num_pages, H_kv, page_size, d], H_q a multiple of H_kv.
+    block_table: [B, pages_per_request] int32. seq_lens: [B] int32, each between 1 and
+    pages_per_request * page_size (not checked on the device: that would cost a synchronization).
+    ``max_seq_len`` bounds seq_lens (default: the block table's capacity); it sets the split length.
+    """
+    if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(
+            f"expected q [B, H_q, d] and k_cache, v_cache [pages, H_kv, page_size, d] of one shape; got q "
+            f"{tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}"
+        )
+    B, H_q, D = q.shape
+    _, H_kv, page, Dk = k_cache.shape
+    if Dk != D or D < 16 or D & (D - 1):
+        raise ValueError(f"head dimension must match (q {D}, cache {Dk}) and be a power of two >= 16")
+    if H_kv == 0 or H_q % H_kv:
+        raise ValueError(f"H_q={H_q} must be a multiple of H_kv={H_kv} (GQA groups of equal size)")
+    if q.dtype not in DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise TypeError(f"q, k_cache, v_cache must share one of {DTYPES}; got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if block_table.dtype != torch.int32 or seq_lens.dtype != torch.int32:
+        raise TypeError("block_table and seq_lens must be int32 tensors")
+    if block_table.dim() != 2 or block_table.shape[0] != B or seq_lens.shape != (B,):
+        raise ValueError(f"block_table must be [B={B}, pages] and seq_lens [B={B}]; got {tuple(block_table.shape)}, "
+                         f"{tuple(seq_lens.shape)}")
+    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or block_table.stride(1) != 1:
+        raise ValueError("the last dimension of q, k_cache, v_cache and block_table must be contiguous")
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError(f"out must be like q {tuple(q.shape)} {q.dtype}, contiguous in its last dimension")
+    if B == 0:
+        return out
+    G = H_q // H_kv
+    max_len = max_seq_len if max_seq_len is not None else block_table.shape[1] * page
+    splits = num_splits or choose_splits(B * H_kv, max_len, block_n, _sm_count(q.device))
+    if splits & (splits - 1):
+        raise ValueError(f"num_splits must be a power of two, got {splits}")
+    split_len = triton.cdiv(triton.cdiv(max_len, splits), block_n) * block_n
+    pacc, pm, pl, cnt = _workspace(q.device, B, H_q, H_kv, D, splits)
+    scale = D ** -0.5 if scale is None else scale
+    _decode_kernel[(B, H_kv, splits)](
+        q, k_cache, v_cache, block_table, seq_lens, out, pacc, pm, pl, cnt,
+        scale * LOG2E, split_len, H_q, H_kv,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_table.stride(0),
+        out.stride(0), out.stride(1),
+        G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, PAGE=page, BLOCK_N=block_n, SPLITS=splits,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    return out
+
+
+def paginate(dense: torch.Tensor, page_size: int, generator: torch.Generator | None = None):
+    """A dense cache [B, H_kv, L, d] copied into pages [B * ceil(L/page_size), H_kv, page_size, d] placed in
+    a random order, with the block table [B, ceil(L/page_size)] (int32) that finds them."""
+    B, H_kv, L, D = dense.shape
+    per = triton.cdiv(L, page_size)
+    perm = torch.randperm(B * per, generator=generator).to(dense.device)
+    pages = torch.zeros(B * per, H_kv, page_size, D, dtype=dense.dtype, device=dense.device)
+    padded = torch.zeros(B, H_kv, per * page_size, D, dtype=dense.dtype, device=dense.device)
+    padded[:, :, :L] = dense
+    chunks = padded.view(B, H_kv, per, page_size, D).permute(0, 2, 1, 3, 4).reshape(B * per, H_kv, page_size, D)
+    pages[perm] = chunks
+    return pages, perm.view(B, per).to(torch.int32)
+
+
+def dense_as_paged(dense: torch.Tensor):
+    """A dense cache [B, H_kv, L, d] viewed as one page per request: (cache, block_table), no copy."""
+    B = dense.shape[0]
+    return dense, torch.arange(B, dtype=torch.int32, device=dense.device).view(B, 1)
+
+
+def reference(q, k_cache, v_cache, block_table, seq_lens, scale=None, dtype=torch.float32):
+    """Dense attention over the gathered cache in ``dtype`` (float32 or float64), request by request."""
+    B, H_q, D = q.shape
+    H_kv, page = k_cache.shape[1], k_cache.shape[2]
+    scale = D ** -0.5 if scale is None else scale
+    out = torch.empty(B, H_q, D, dtype=dtype, device=q.device)
+    for b in range(B):
+        n = int(seq_lens[b])
+        pages = block_table[b, : triton.cdiv(n, page)].long()
+        k = k_cache[pages].to(dtype).permute(1, 0, 2, 3).reshape(H_kv, -1, D)[:, :n]
+        v = v_cache[pages].to(dtype).permute(1, 0, 2, 3).reshape(H_kv, -1, D)[:, :n]
+        k = k.repeat_interleave(H_q // H_kv, dim=0)
+        v = v.repeat_interleave(H_q // H_kv, dim=0)
+        w = torch.softmax(torch.einsum("hd,hnd->hn", q[b].to(dtype), k) * scale, dim=-1)
+        out[b] = torch.einsum("hn,hnd->hd", w, v)
+    return out
