@@ -38,7 +38,7 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 @triton.jit
 def _decode_kernel(
     # pointers
-    Q, K, V, BT, LENS, O, PACC, PM, PL, CNT,
+    Q, K, V, BT, LENS, Out, PACC, PM, PL, CNT,
     # scalars
     scale_log2, split_len, H_Q, H_KV,
     # strides (elements)
@@ -94,10 +94,10 @@ def _decode_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
 
-    o_ptrs = O + b * stride_ob + heads[:, None] * stride_oh + dd[None, :]
+    o_ptrs = Out + b * stride_ob + heads[:, None] * stride_oh + dd[None, :]
     if SPLITS == 1:
         out = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
-        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=gmask[:, None])
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=gmask[:, None])
     else:
         part = (b * H_Q + heads) * SPLITS  # [BLOCK_G] first partial of each head
         tl.store(PM + part + s, m, mask=gmask)
@@ -122,7 +122,7 @@ def _decode_kernel(
                               cache_modifier=".cg")
                 out += a_i * w[:, None]
             out = out / tl.where(total > 0, total, 1.0)[:, None]
-            tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=gmask[:, None])
+            tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=gmask[:, None])
             tl.atomic_xchg(CNT + b * H_KV + kvh, 0)  # ready for the next call
 
 

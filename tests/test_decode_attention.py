@@ -1,0 +1,116 @@
+"""lib.kernels.decode_attention against a float32 reference, in Triton's interpreter on the CPU.
+
+Fresh random inputs; ragged lengths including 1 and non-multiples of the page size; page sizes 1, 16,
+64, 256; H_q/H_kv of 1, 4, 8, 32; one and several splits; a guard region around the output. fp16 and
+fp32 here (the interpreter computes bf16 wrongly); bf16 at full size is checked on the GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lib.kernels import decode_attention as da
+
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
+
+
+def paged_case(lens, H_kv, G, D, page, dtype, gen):
+    """Random q and a paged K/V cache whose pages lie in a random order."""
+    B, L = len(lens), max(lens)
+    q = torch.randn(B, G * H_kv, D, generator=gen).to(dtype)
+    k = torch.randn(B, H_kv, L, D, generator=gen).to(dtype)
+    v = torch.randn(B, H_kv, L, D, generator=gen).to(dtype)
+    kc, bt = da.paginate(k, page, generator=gen)
+    vc = torch.zeros_like(kc)
+    per = bt.shape[1]
+    vp = torch.zeros(B, H_kv, per * page, D, dtype=dtype)
+    vp[:, :, :L] = v
+    vc[bt.view(-1).long()] = vp.view(B, H_kv, per, page, D).permute(0, 2, 1, 3, 4).reshape(-1, H_kv, page, D)
+    return q, kc, vc, bt, torch.tensor(lens, dtype=torch.int32)
+
+
+def run_guarded(q, kc, vc, bt, lens, **kw):
+    """Run into a view of a NaN-poisoned buffer with a guard row on each side; check every element
+    of the output was written and nothing around it."""
+    B, H_q, D = q.shape
+    buf = torch.full((B + 2, H_q, D), float("nan"), dtype=q.dtype)
+    out = da.decode_attention(q, kc, vc, bt, lens, out=buf[1:-1], **kw)
+    assert out.data_ptr() == buf[1:-1].data_ptr()
+    assert torch.isnan(buf[0]).all() and torch.isnan(buf[-1]).all(), "wrote outside the output"
+    assert not torch.isnan(out).any(), "left part of the output unwritten"
+    return out
+
+
+def rel_err(out, ref):
+    return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("page", [1, 16, 64, 256])
+@pytest.mark.parametrize("G", [1, 4, 8, 32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_matches_reference(page, G, dtype):
+    gen = torch.Generator().manual_seed(1000 * page + 10 * G + (dtype == torch.float16))
+    H_kv = 1 if G == 32 else 2
+    lens = [1, page + 3, 2 * page - 1 if page > 1 else 7, 97]
+    q, kc, vc, bt, sl = paged_case(lens, H_kv, G, 32, page, dtype, gen)
+    ref = da.reference(q, kc, vc, bt, sl)
+    for splits in (1, 4):
+        out = run_guarded(q, kc, vc, bt, sl, num_splits=splits, block_n=16)
+        assert rel_err(out, ref) < TOL[dtype], (page, G, dtype, splits)
+
+
+def test_dense_cache_is_one_page_per_request():
+    gen = torch.Generator().manual_seed(7)
+    B, H_kv, G, L, D = 3, 2, 4, 50, 64
+    q = torch.randn(B, H_kv * G, D, generator=gen)
+    k, v = torch.randn(B, H_kv, L, D, generator=gen), torch.randn(B, H_kv, L, D, generator=gen)
+    kc, bt = da.dense_as_paged(k)
+    lens = torch.tensor([50, 1, 33], dtype=torch.int32)
+    out = run_guarded(q, kc, v, bt, lens, block_n=16)
+    assert rel_err(out, da.reference(q, kc, v, bt, lens)) < 1e-5
+
+
+def test_split_reduction_resets_its_counters():
+    """The last split of each (request, KV head) combines the partials and zeroes the counter: a second
+    call on new data must be right too."""
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(2):
+        q, kc, vc, bt, sl = paged_case([40, 9], 2, 4, 32, 16, torch.float32, gen)
+        out = run_guarded(q, kc, vc, bt, sl, num_splits=8, block_n=16)
+        assert rel_err(out, da.reference(q, kc, vc, bt, sl)) < 1e-5
+    counters = [ws[3] for key, ws in da._WORKSPACE.items() if key[-1] == 8]
+    assert counters and all(int(c.abs().sum()) == 0 for c in counters)
+
+
+def test_empty_splits_and_scale():
+    """More splits than the short requests have tokens: empty splits must not disturb the result."""
+    gen = torch.Generator().manual_seed(5)
+    q, kc, vc, bt, sl = paged_case([1, 2, 64], 1, 4, 16, 16, torch.float32, gen)
+    out = run_guarded(q, kc, vc, bt, sl, num_splits=4, block_n=16, scale=0.3)
+    assert rel_err(out, da.reference(q, kc, vc, bt, sl, scale=0.3)) < 1e-5
+
+
+def test_choose_splits():
+    assert da.choose_splits(programs=64, max_len=4096, block_n=64, sms=132) == 8  # about 2 waves
+    assert da.choose_splits(programs=2048, max_len=4096, block_n=64, sms=132) == 1
+    assert da.choose_splits(programs=1, max_len=100, block_n=64, sms=132) == 2  # no more than the tiles
+    s = da.choose_splits(programs=1, max_len=1 << 20, block_n=64, sms=132)
+    assert s == 64 and s & (s - 1) == 0
+
+
+def test_bad_input_is_rejected():
+    gen = torch.Generator().manual_seed(0)
+    q, kc, vc, bt, sl = paged_case([5], 2, 4, 32, 16, torch.float32, gen)
+    with pytest.raises(ValueError, match="multiple of H_kv"):
+        da.decode_attention(q[:, :7], kc, vc, bt, sl)
+    with pytest.raises(TypeError, match="int32"):
+        da.decode_attention(q, kc, vc, bt.long(), sl)
+    with pytest.raises(TypeError, match="share one of"):
+        da.decode_attention(q.half(), kc, vc, bt, sl)
+    with pytest.raises(ValueError, match="power of two"):
+        da.decode_attention(q[..., :24], kc[..., :24], vc[..., :24], bt, sl)
+    with pytest.raises(ValueError, match="num_splits"):
+        da.decode_attention(q, kc, vc, bt, sl, num_splits=3)
+    with pytest.raises(ValueError, match="block_table must be"):
+        da.decode_attention(q, kc, vc, bt[:, :0].expand(2, 0), sl)
