@@ -114,3 +114,15 @@ def test_bad_input_is_rejected():
         da.decode_attention(q, kc, vc, bt, sl, num_splits=3)
     with pytest.raises(ValueError, match="block_table must be"):
         da.decode_attention(q, kc, vc, bt[:, :0].expand(2, 0), sl)
+
+
+def test_planned_launches_match_and_check_shapes():
+    gen = torch.Generator().manual_seed(11)
+    q, kc, vc, bt, sl = paged_case([30, 7], 2, 4, 32, 16, torch.float32, gen)
+    plan = da.DecodeAttention(q, kc, vc, bt, sl, num_splits=2, block_n=16)
+    for _ in range(2):  # the first call compiles (or interprets), later ones launch directly on a GPU
+        q2, kc2, vc2, bt2, sl2 = paged_case([30, 7], 2, 4, 32, 16, torch.float32, gen)
+        out = plan(q2, kc2, vc2, bt2, sl2)
+        assert rel_err(out, da.reference(q2, kc2, vc2, bt2, sl2)) < 1e-5
+    with pytest.raises(ValueError, match="planned shapes"):
+        plan(q[:1], kc, vc, bt[:1], sl[:1])

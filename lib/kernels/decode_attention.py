@@ -161,28 +161,7 @@ def choose_splits(programs: int, max_len: int, block_n: int, sms: int, waves: fl
     return splits
 
 
-def decode_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    *,
-    max_seq_len: int | None = None,
-    scale: float | None = None,
-    out: torch.Tensor | None = None,
-    num_splits: int | None = None,
-    block_n: int = 64,
-    num_warps: int = 4,
-    num_stages: int = 2,
-) -> torch.Tensor:
-    """Attention of one query token per request over a paged KV cache; returns [B, H_q, d].
-
-    q: [B, H_q, d]. k_cache, v_cache: [num_pages, H_kv, page_size, d], H_q a multiple of H_kv.
-    block_table: [B, pages_per_request] int32. seq_lens: [B] int32, each between 1 and
-    pages_per_request * page_size (not checked on the device: that would cost a synchronization).
-    ``max_seq_len`` bounds seq_lens (default: the block table's capacity); it sets the split length.
-    """
+def _check(q, k_cache, v_cache, block_table, seq_lens, out):
     if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
         raise ValueError(
             f"expected q [B, H_q, d] and k_cache, v_cache [pages, H_kv, page_size, d] of one shape; got q "
@@ -203,32 +182,98 @@ def decode_attention(
                          f"{tuple(seq_lens.shape)}")
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or block_table.stride(1) != 1:
         raise ValueError("the last dimension of q, k_cache, v_cache and block_table must be contiguous")
-    if out is None:
-        out = torch.empty_like(q)
-    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
+    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1):
         raise ValueError(f"out must be like q {tuple(q.shape)} {q.dtype}, contiguous in its last dimension")
-    if B == 0:
+
+
+class DecodeAttention:
+    """A launch planned once for fixed shapes, strides and dtypes; each call only launches.
+
+    The first call compiles (or finds) the kernel through Triton's normal path; later calls hand the
+    new tensors straight to the compiled kernel, skipping the per-call argument checks and
+    specialization that cost tens of microseconds of host time per launch. Calls must pass tensors of
+    the planned shapes and strides (checked) and 16-byte-aligned data (checked); otherwise they take the
+    normal path. The workspace is shared by calls of the same shape: do not run two at once on different
+    streams.
+    """
+
+    def __init__(self, q, k_cache, v_cache, block_table, seq_lens, *, max_seq_len=None, scale=None,
+                 num_splits=None, block_n=64, num_warps=4, num_stages=3):
+        _check(q, k_cache, v_cache, block_table, seq_lens, None)
+        B, H_q, D = q.shape
+        _, H_kv, page, _ = k_cache.shape
+        max_len = max_seq_len if max_seq_len is not None else block_table.shape[1] * page
+        splits = num_splits or choose_splits(B * H_kv, max_len, block_n, _sm_count(q.device))
+        if splits & (splits - 1):
+            raise ValueError(f"num_splits must be a power of two, got {splits}")
+        split_len = triton.cdiv(triton.cdiv(max_len, splits), block_n) * block_n
+        scale = D ** -0.5 if scale is None else scale
+        self.grid = (B, H_kv, splits)
+        self.splits = splits
+        self.workspace = _workspace(q.device, B, H_q, H_kv, D, splits)
+        self.shapes = (q.shape, k_cache.shape, block_table.shape, q.stride(), k_cache.stride(), v_cache.stride(),
+                       block_table.stride())
+        self.scalars = (scale * LOG2E, split_len, H_q, H_kv)
+        self.meta = dict(G=H_q // H_kv, BLOCK_G=max(16, triton.next_power_of_2(H_q // H_kv)), D=D, PAGE=page,
+                         BLOCK_N=block_n, SPLITS=splits)
+        self.options = dict(num_warps=num_warps, num_stages=num_stages)
+        self.compiled = None
+
+    def _args(self, q, k_cache, v_cache, block_table, seq_lens, out):
+        return (q, k_cache, v_cache, block_table, seq_lens, out, *self.workspace, *self.scalars,
+                q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),
+                out.stride(0), out.stride(1))
+
+    def __call__(self, q, k_cache, v_cache, block_table, seq_lens, out=None):
+        if out is None:
+            out = torch.empty_like(q)
+        if (q.shape, k_cache.shape, block_table.shape, q.stride(), k_cache.stride(), v_cache.stride(),
+                block_table.stride()) != self.shapes or out.stride() != q.stride():
+            raise ValueError("tensors differ from the planned shapes or strides: make a new DecodeAttention")
+        if self.grid[0] == 0:
+            return out
+        args = self._args(q, k_cache, v_cache, block_table, seq_lens, out)
+        aligned = not ((q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | block_table.data_ptr()
+                        | seq_lens.data_ptr() | out.data_ptr()) % 16)
+        ck = self.compiled
+        if ck is not None and aligned:
+            ck.run(*self.grid, torch.cuda.current_stream(q.device).cuda_stream, ck.function, ck.packed_metadata,
+                   None, None, None, *args, *self.meta.values())
+        else:
+            ck = _decode_kernel[self.grid](*args, **self.meta, **self.options)
+            if aligned and q.device.type == "cuda" and hasattr(ck, "packed_metadata"):
+                self.compiled = ck
         return out
-    G = H_q // H_kv
-    max_len = max_seq_len if max_seq_len is not None else block_table.shape[1] * page
-    splits = num_splits or choose_splits(B * H_kv, max_len, block_n, _sm_count(q.device))
-    if splits & (splits - 1):
-        raise ValueError(f"num_splits must be a power of two, got {splits}")
-    split_len = triton.cdiv(triton.cdiv(max_len, splits), block_n) * block_n
-    pacc, pm, pl, cnt = _workspace(q.device, B, H_q, H_kv, D, splits)
-    scale = D ** -0.5 if scale is None else scale
-    _decode_kernel[(B, H_kv, splits)](
-        q, k_cache, v_cache, block_table, seq_lens, out, pacc, pm, pl, cnt,
-        scale * LOG2E, split_len, H_q, H_kv,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_table.stride(0),
-        out.stride(0), out.stride(1),
-        G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, PAGE=page, BLOCK_N=block_n, SPLITS=splits,
-        num_warps=num_warps, num_stages=num_stages,
-    )
-    return out
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    max_seq_len: int | None = None,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 3,
+) -> torch.Tensor:
+    """Attention of one query token per request over a paged KV cache; returns [B, H_q, d].
+
+    q: [B, H_q, d]. k_cache, v_cache: [num_pages, H_kv, page_size, d], H_q a multiple of H_kv.
+    block_table: [B, pages_per_request] int32. seq_lens: [B] int32, each between 1 and
+    pages_per_request * page_size (not checked on the device: that would cost a synchronization).
+    ``max_seq_len`` bounds seq_lens (default: the block table's capacity); it sets the split length.
+    For repeated calls of one shape, ``DecodeAttention`` plans once and launches with less host time.
+    """
+    _check(q, k_cache, v_cache, block_table, seq_lens, out)
+    plan = DecodeAttention(q, k_cache, v_cache, block_table, seq_lens, max_seq_len=max_seq_len, scale=scale,
+                           num_splits=num_splits, block_n=block_n, num_warps=num_warps, num_stages=num_stages)
+    return plan(q, k_cache, v_cache, block_table, seq_lens, out=out)
 
 
 def paginate(dense: torch.Tensor, page_size: int, generator: torch.Generator | None = None):
