@@ -78,7 +78,7 @@ def main():
                            "stages": ns, "waves": waves, "splits": splits, "err": err, "gpu_us": t.gpu_us.median,
                            "call_us": t.call_us.median, "GBps": nbytes / t.gpu_us.median / 1e3}
                     if (bn, nw, ns, waves) == (64, 4, 3, 2):  # the plain function, which plans on every call
-                        fns = [lambda d=d: da.decode_attention(d[0], d[3], d[4], d[5], d[6], num_splits=splits)
+                        fns = [lambda d=d, s=splits: da.decode_attention(d[0], d[3], d[4], d[5], d[6], num_splits=s)
                                for d in data]
                         row["call_us_unplanned"] = timing.bench(fns, device=dev, reps=15, target_ms=1.0).call_us.median
                 except Exception as e:  # a config the compiler rejects
