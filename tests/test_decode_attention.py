@@ -22,11 +22,7 @@ def paged_case(lens, H_kv, G, D, page, dtype, gen):
     k = torch.randn(B, H_kv, L, D, generator=gen).to(dtype)
     v = torch.randn(B, H_kv, L, D, generator=gen).to(dtype)
     kc, bt = da.paginate(k, page, generator=gen)
-    vc = torch.zeros_like(kc)
-    per = bt.shape[1]
-    vp = torch.zeros(B, H_kv, per * page, D, dtype=dtype)
-    vp[:, :, :L] = v
-    vc[bt.view(-1).long()] = vp.view(B, H_kv, per, page, D).permute(0, 2, 1, 3, 4).reshape(-1, H_kv, page, D)
+    vc, _ = da.paginate(v, page, block_table=bt)
     return q, kc, vc, bt, torch.tensor(lens, dtype=torch.int32)
 
 

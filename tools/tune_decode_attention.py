@@ -30,8 +30,7 @@ def make(B, H_q, H_kv, L, D, page, dev, gen):
     v = torch.randn(B, H_kv, L, D, device=dev, dtype=torch.bfloat16, generator=gen)
     if page:
         kc, bt = da.paginate(k, page)
-        vc = torch.empty_like(kc)
-        vc[bt.view(-1).long()] = v.view(B, H_kv, L // page, page, D).permute(0, 2, 1, 3, 4).reshape(-1, H_kv, page, D)
+        vc, _ = da.paginate(v, page, block_table=bt)
     else:
         kc, bt = da.dense_as_paged(k)
         vc = v

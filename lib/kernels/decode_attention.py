@@ -161,7 +161,7 @@ def choose_splits(programs: int, max_len: int, block_n: int, sms: int, waves: fl
     return splits
 
 
-def _check(q, k_cache, v_cache, block_table, seq_lens, out):
+def _check(q, k_cache, v_cache, block_table, seq_lens):
     if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
         raise ValueError(
             f"expected q [B, H_q, d] and k_cache, v_cache [pages, H_kv, page_size, d] of one shape; got q "
@@ -182,8 +182,6 @@ def _check(q, k_cache, v_cache, block_table, seq_lens, out):
                          f"{tuple(seq_lens.shape)}")
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or block_table.stride(1) != 1:
         raise ValueError("the last dimension of q, k_cache, v_cache and block_table must be contiguous")
-    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1):
-        raise ValueError(f"out must be like q {tuple(q.shape)} {q.dtype}, contiguous in its last dimension")
 
 
 class DecodeAttention:
@@ -199,7 +197,7 @@ class DecodeAttention:
 
     def __init__(self, q, k_cache, v_cache, block_table, seq_lens, *, max_seq_len=None, scale=None,
                  num_splits=None, block_n=64, num_warps=4, num_stages=3):
-        _check(q, k_cache, v_cache, block_table, seq_lens, None)
+        _check(q, k_cache, v_cache, block_table, seq_lens)
         B, H_q, D = q.shape
         _, H_kv, page, _ = k_cache.shape
         max_len = max_seq_len if max_seq_len is not None else block_table.shape[1] * page
@@ -270,24 +268,30 @@ def decode_attention(
     ``max_seq_len`` bounds seq_lens (default: the block table's capacity); it sets the split length.
     For repeated calls of one shape, ``DecodeAttention`` plans once and launches with less host time.
     """
-    _check(q, k_cache, v_cache, block_table, seq_lens, out)
+    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1):
+        raise ValueError(f"out must be like q {tuple(q.shape)} {q.dtype}, contiguous in its last dimension")
     plan = DecodeAttention(q, k_cache, v_cache, block_table, seq_lens, max_seq_len=max_seq_len, scale=scale,
                            num_splits=num_splits, block_n=block_n, num_warps=num_warps, num_stages=num_stages)
     return plan(q, k_cache, v_cache, block_table, seq_lens, out=out)
 
 
-def paginate(dense: torch.Tensor, page_size: int, generator: torch.Generator | None = None):
+def paginate(dense: torch.Tensor, page_size: int, generator: torch.Generator | None = None,
+             block_table: torch.Tensor | None = None):
     """A dense cache [B, H_kv, L, d] copied into pages [B * ceil(L/page_size), H_kv, page_size, d] placed in
-    a random order, with the block table [B, ceil(L/page_size)] (int32) that finds them."""
+    a random order, with the block table [B, ceil(L/page_size)] (int32) that finds them. Pass the block
+    table of an earlier call (the K cache's) to lay out the V cache the same way."""
     B, H_kv, L, D = dense.shape
     per = triton.cdiv(L, page_size)
-    perm = torch.randperm(B * per, generator=generator).to(dense.device)
+    if block_table is None:
+        block_table = torch.randperm(B * per, generator=generator).to(dense.device).view(B, per).to(torch.int32)
+    elif block_table.shape != (B, per):
+        raise ValueError(f"block_table must be [{B}, {per}] for this cache, got {tuple(block_table.shape)}")
     pages = torch.zeros(B * per, H_kv, page_size, D, dtype=dense.dtype, device=dense.device)
     padded = torch.zeros(B, H_kv, per * page_size, D, dtype=dense.dtype, device=dense.device)
     padded[:, :, :L] = dense
     chunks = padded.view(B, H_kv, per, page_size, D).permute(0, 2, 1, 3, 4).reshape(B * per, H_kv, page_size, D)
-    pages[perm] = chunks
-    return pages, perm.view(B, per).to(torch.int32)
+    pages[block_table.view(-1).long()] = chunks
+    return pages, block_table
 
 
 def dense_as_paged(dense: torch.Tensor):
