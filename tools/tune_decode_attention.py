@@ -3,8 +3,10 @@
     python tools/tune_decode_attention.py [--out results.json]
 
 For each shape: correctness in bf16 against a float32 reference, then GPU time and call time (lib.timing)
-of torch SDPA on a dense cache and of the kernel over a grid of launch parameters, with the L2 defeated.
-Used to choose the kernel's defaults; chapter 3's notebook measures the chosen one.
+of torch SDPA on a dense cache, of a kernel that only reads the same bytes (the best this access can
+do), and of the decode kernel over launch parameters, with the L2 defeated. At the seed's shape the
+search is staged: tile, warps and pipeline depth first, then splits and the loads' cache policy around
+the best. Used to choose the kernel's defaults; chapter 3's notebook measures the chosen one.
 """
 
 from __future__ import annotations
@@ -19,9 +21,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
-from lib import timing  # noqa: E402
+from lib import profile, timing  # noqa: E402
 from lib.kernels import decode_attention as da  # noqa: E402
+
+
+@triton.jit
+def _read(K, V, OUT, n_per, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    base = pid.to(tl.int64) * n_per
+    acc = tl.zeros([BLOCK], tl.float32)
+    for i in range(0, n_per, BLOCK):
+        off = base + i + tl.arange(0, BLOCK)
+        acc += tl.load(K + off).to(tl.float32) + tl.load(V + off).to(tl.float32)
+    tl.store(OUT + pid, tl.sum(acc))
 
 
 def make(B, H_q, H_kv, L, D, page, dev, gen):
@@ -41,49 +56,81 @@ def make(B, H_q, H_kv, L, D, page, dev, gen):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
+    ap.add_argument("--quick", action="store_true", help="seed shape only, a small grid")
     args = ap.parse_args()
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(0)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    shapes = [(8, 32, 8, 4096), (1, 32, 8, 131072), (64, 32, 32, 4096), (1, 32, 1, 512), (64, 32, 8, 32768)]
-    grid = list(itertools.product([32, 64], [2, 4], [3, 4, 5], [2, 3, 4]))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    shapes = [(8, 32, 8, 4096), (1, 32, 8, 131072), (64, 32, 32, 4096), (1, 32, 1, 512), (64, 32, 8, 32768),
+              (8, 32, 8, 16384)]
+    if args.quick:
+        shapes = shapes[:1]
     rows = []
+
+    def run_config(data, ref, B, H_kv, L, page, nbytes, cfg):
+        bn, nw, ns, waves, early, evict = cfg
+        q, k, v, kc, vc, bt, lens = data[0]
+        splits = da.choose_splits(B * H_kv, L, bn, sms, waves=waves)
+        try:
+            plan = da.DecodeAttention(q, kc, vc, bt, lens, num_splits=splits, block_n=bn, num_warps=nw,
+                                      num_stages=ns, v_early=early, evict=evict)
+            plan(q, kc, vc, bt, lens)
+            out = plan(q, kc, vc, bt, lens)  # the direct launch
+            err = ((out[:2].float() - ref).norm() / ref.norm()).item()
+            assert err < 1e-2, err
+            fns = [lambda d=d, plan=plan: plan(d[0], d[3], d[4], d[5], d[6]) for d in data]
+            t = timing.bench(fns, device=dev, reps=15, target_ms=1.0)
+        except Exception as e:  # a config the compiler rejects
+            print("failed", B, H_kv, L, page, cfg, type(e).__name__, str(e)[:200], flush=True)
+            return None
+        row = {"B": B, "H_kv": H_kv, "L": L, "path": f"kernel page={page or 'dense'}", "block_n": bn, "warps": nw,
+               "stages": ns, "waves": waves, "v_early": early, "evict": evict, "splits": splits, "err": err,
+               "gpu_us": t.gpu_us.median, "spread": t.gpu_us.spread, "call_us": t.call_us.median,
+               "GBps": nbytes / t.gpu_us.median / 1e3}
+        rows.append(row)
+        return row
+
     for B, H_q, H_kv, L in shapes:
         D = 128
         nbytes = 2 * B * L * H_kv * D * 2
         sets = timing.rotation(nbytes, l2)
+        seed = (B, H_kv, L) == (8, 8, 4096)
         for page in (16, 0):
             data = [make(B, H_q, H_kv, L, D, page, dev, gen) for _ in range(sets)]
             q, k, v, kc, vc, bt, lens = data[0]
             ref = da.reference(q[:2], kc, vc, bt[:2], lens[:2])
             if page == 16:
-                t = timing.bench([lambda d=d: F.scaled_dot_product_attention(d[0].unsqueeze(2), d[1], d[2], enable_gqa=True)
-                                  for d in data], device=dev, reps=15, target_ms=1.0)
-                rows.append({"B": B, "H_kv": H_kv, "L": L, "path": "sdpa", "gpu_us": t.gpu_us.median, "call_us": t.call_us.median,
-                             "GBps": nbytes / t.gpu_us.median / 1e3})
-            seed = (B, H_kv, L) == (8, 8, 4096)
-            configs = grid if (seed and page == 16) else [(64, 4, 3, 2), (32, 4, 4, 2)]
-            for bn, nw, ns, waves in configs:
-                splits = da.choose_splits(B * H_kv, L, bn, da._sm_count(q.device), waves=waves)
-                try:
-                    plan = da.DecodeAttention(q, kc, vc, bt, lens, num_splits=splits, block_n=bn, num_warps=nw, num_stages=ns)
-                    plan(q, kc, vc, bt, lens)
-                    out = plan(q, kc, vc, bt, lens)  # the direct launch
-                    err = ((out[:2].float() - ref).norm() / ref.norm()).item()
-                    assert err < 1e-2, err
-                    fns = [lambda d=d, plan=plan: plan(d[0], d[3], d[4], d[5], d[6]) for d in data]
+                fns = [lambda d=d: F.scaled_dot_product_attention(d[0].unsqueeze(2), d[1], d[2], enable_gqa=True)
+                       for d in data]
+                t = timing.bench(fns, device=dev, reps=15, target_ms=1.0)
+                names = profile.kernel_names(fns[0], dev)
+                rows.append({"B": B, "H_kv": H_kv, "L": L, "path": "sdpa", "gpu_us": t.gpu_us.median,
+                             "spread": t.gpu_us.spread, "call_us": t.call_us.median, "GBps": nbytes / t.gpu_us.median / 1e3,
+                             "kernels": names})
+                n = k.numel()
+                for progs, block, nw in itertools.product([sms, 2 * sms, 4 * sms, 8 * sms], [1024, 4096], [4, 8]):
+                    per = triton.cdiv(triton.cdiv(n, progs), block) * block
+                    progs_used = n // per
+                    if progs_used * per != n:
+                        continue
+                    outr = torch.empty(progs_used, device=dev, dtype=torch.float32)
+                    fns = [lambda d=d, p=progs_used, per=per, block=block, nw=nw, o=outr:
+                           _read[(p,)](d[1], d[2], o, per, BLOCK=block, num_warps=nw) for d in data]
                     t = timing.bench(fns, device=dev, reps=15, target_ms=1.0)
-                    row = {"B": B, "H_kv": H_kv, "L": L, "path": f"kernel page={page or 'dense'}", "block_n": bn, "warps": nw,
-                           "stages": ns, "waves": waves, "splits": splits, "err": err, "gpu_us": t.gpu_us.median,
-                           "call_us": t.call_us.median, "GBps": nbytes / t.gpu_us.median / 1e3}
-                    if (bn, nw, ns, waves) == (64, 4, 3, 2):  # the plain function, which plans on every call
-                        fns = [lambda d=d, s=splits: da.decode_attention(d[0], d[3], d[4], d[5], d[6], num_splits=s)
-                               for d in data]
-                        row["call_us_unplanned"] = timing.bench(fns, device=dev, reps=15, target_ms=1.0).call_us.median
-                except Exception as e:  # a config the compiler rejects
-                    print("failed", B, H_kv, L, page, bn, nw, ns, waves, type(e).__name__, str(e)[:200], flush=True)
-                    continue
-                rows.append(row)
+                    rows.append({"B": B, "H_kv": H_kv, "L": L, "path": "read-only", "programs": progs_used, "block": block,
+                                 "warps": nw, "gpu_us": t.gpu_us.median, "spread": t.gpu_us.spread,
+                                 "call_us": t.call_us.median, "GBps": nbytes / t.gpu_us.median / 1e3})
+            if seed and page == 16:
+                stage_a = [run_config(data, ref, B, H_kv, L, page, nbytes, (bn, nw, ns, 2, early, ""))
+                           for bn, nw, ns, early in itertools.product([32, 64, 128], [4, 8], [2, 3, 4], [False, True])]
+                best = min((r for r in stage_a if r), key=lambda r: r["gpu_us"])
+                for waves, evict in itertools.product([1, 2, 4, 8], ["", "evict_first"]):
+                    run_config(data, ref, B, H_kv, L, page, nbytes,
+                               (best["block_n"], best["warps"], best["stages"], waves, best["v_early"], evict))
+            else:
+                for cfg in [(64, 4, 3, 2, False, ""), (64, 4, 3, 2, True, "evict_first"), (64, 8, 3, 2, True, "")]:
+                    run_config(data, ref, B, H_kv, L, page, nbytes, cfg)
             del data
             torch.cuda.empty_cache()
         print(f"shape B={B} H_kv={H_kv} L={L} done", flush=True)
@@ -92,10 +139,16 @@ def main():
     import pandas as pd
 
     df = pd.DataFrame(rows)
-    pd.set_option("display.width", 200)
-    seed = df[(df.B == 8) & (df.H_kv == 8) & (df.L == 4096)].sort_values("gpu_us")
-    print(seed.head(12).to_string())
-    print(df[~((df.B == 8) & (df.H_kv == 8) & (df.L == 4096))].to_string())
+    pd.set_option("display.width", 250)
+    pd.set_option("display.max_columns", 30)
+    pd.set_option("display.max_colwidth", 60)
+    ro = df[df.path == "read-only"].sort_values("gpu_us").groupby(["B", "H_kv", "L"]).head(2)
+    print(ro.to_string())
+    seed = df[(df.B == 8) & (df.H_kv == 8) & (df.L == 4096) & (df.path != "read-only")].sort_values("gpu_us")
+    print(seed.head(16).drop(columns=["kernels"], errors="ignore").to_string())
+    print(df[~((df.B == 8) & (df.H_kv == 8) & (df.L == 4096)) & (df.path != "read-only")]
+          .drop(columns=["kernels"], errors="ignore").to_string())
+    print(df[df.path == "sdpa"][["B", "H_kv", "L", "kernels"]].to_string())
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ def _decode_kernel(
     stride_ob, stride_oh,
     # meta-parameters
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, V_EARLY: tl.constexpr = False, EVICT: tl.constexpr = "",
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -83,14 +83,17 @@ def _decode_kernel(
             row = t % PAGE
             k_off = page * stride_kp + kvh * stride_kh + row * stride_kt
             v_off = page * stride_vp + kvh * stride_vh + row * stride_vt
-        k = tl.load(K + k_off[:, None] + dd[None, :], mask=tmask[:, None], other=0.0)
+        k = tl.load(K + k_off[:, None] + dd[None, :], mask=tmask[:, None], other=0.0, eviction_policy=EVICT)
+        if V_EARLY:  # both tiles requested before any arithmetic: twice the bytes in flight
+            v = tl.load(V + v_off[:, None] + dd[None, :], mask=tmask[:, None], other=0.0, eviction_policy=EVICT)
         scores = tl.dot(q, tl.trans(k)) * scale_log2
         scores = tl.where(tmask[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, 1))
         p = tl.exp2(scores - m_new[:, None])
         alpha = tl.exp2(m - m_new)
         l_sum = l_sum * alpha + tl.sum(p, 1)
-        v = tl.load(V + v_off[:, None] + dd[None, :], mask=tmask[:, None], other=0.0)
+        if not V_EARLY:
+            v = tl.load(V + v_off[:, None] + dd[None, :], mask=tmask[:, None], other=0.0, eviction_policy=EVICT)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
 
@@ -196,7 +199,7 @@ class DecodeAttention:
     """
 
     def __init__(self, q, k_cache, v_cache, block_table, seq_lens, *, max_seq_len=None, scale=None,
-                 num_splits=None, block_n=64, num_warps=4, num_stages=3):
+                 num_splits=None, block_n=64, num_warps=4, num_stages=3, v_early=False, evict=""):
         _check(q, k_cache, v_cache, block_table, seq_lens)
         B, H_q, D = q.shape
         _, H_kv, page, _ = k_cache.shape
@@ -213,7 +216,7 @@ class DecodeAttention:
                        block_table.stride())
         self.scalars = (scale * LOG2E, split_len, H_q, H_kv)
         self.meta = dict(G=H_q // H_kv, BLOCK_G=max(16, triton.next_power_of_2(H_q // H_kv)), D=D, PAGE=page,
-                         BLOCK_N=block_n, SPLITS=splits)
+                         BLOCK_N=block_n, SPLITS=splits, V_EARLY=v_early, EVICT=evict)
         self.options = dict(num_warps=num_warps, num_stages=num_stages)
         self.compiled = None
 
