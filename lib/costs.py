@@ -10,8 +10,16 @@ The roofline lower bound of an operation is T >= max(F / P, Q / BW), and with th
 T >= max(F / P, Q / BW, kernels * t_launch). Its ridge P / BW is the intensity where the two first
 terms meet; for a linear layer in b-byte elements that is M ~ b P / (2 BW).
 
+For decode attention over a KV cache (chapter 3), one step of B requests with L cached tokens each
+reads, per layer, K and V of H_kv heads of dimension d:
+
+    Q_KV = 2 B L H_kv d b
+
+and the whole cache of a model of ``layers`` layers holds M_KV = 2 layers B T H_kv d b for T tokens
+per request: one decode step reads all of it, once per step.
+
 Chapters: 1 (linear layers, the seed's worked numbers, the decode layer stack), 2 (the roofline and
-the memory-bound operators).
+the memory-bound operators), 3 (the KV cache).
 """
 
 from __future__ import annotations
@@ -25,6 +33,9 @@ LLAMA3_8B = {
     "layers": 32,
     "hidden": 4096,
     "vocab": 128256,
+    "heads": 32,
+    "kv_heads": 8,
+    "head_dim": 128,
     "linears": {
         "qkv": (4096, 6144),  # 32 query heads + 2 x 8 KV heads, of 128
         "o": (4096, 4096),
@@ -50,6 +61,18 @@ def linear_bytes(M: int, K: int, N: int, b: int = 2) -> int:
     """Q = b(MK + KN + MN): X and W read once, Y written once."""
     _check_dims(M=M, K=K, N=N, b=b)
     return b * (M * K + K * N + M * N)
+
+
+def kv_step_bytes(B: int, L: int, H_kv: int, d: int, b: int = 2) -> int:
+    """Bytes of K and V that one decode step of B requests of L cached tokens reads in one layer."""
+    _check_dims(B=B, L=L, H_kv=H_kv, d=d, b=b)
+    return 2 * B * L * H_kv * d * b
+
+
+def kv_cache_bytes(layers: int, B: int, T: int, H_kv: int, d: int, b: int = 2) -> int:
+    """Bytes of the KV cache of B requests of T tokens in a model of ``layers`` layers."""
+    _check_dims(layers=layers)
+    return layers * kv_step_bytes(B, T, H_kv, d, b)
 
 
 def intensity(flops: float, nbytes: float) -> float:

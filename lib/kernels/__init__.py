@@ -3,6 +3,7 @@
 use fp16 or fp32 (the interpreter computes bf16 wrongly).
 
 - ``lib.kernels.decode_attention``: paged, GQA-aware, split-KV decode attention (chapter 3).
+- ``lib.kernels.stream``: a kernel that only reads, the floor for any kernel reading the same bytes (chapter 3).
 """
 
 import os
