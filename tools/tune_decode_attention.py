@@ -53,11 +53,51 @@ def make(B, H_q, H_kv, L, D, page, dev, gen):
     return q, k, v, kc, vc, bt, lens
 
 
+def sweep_splits(out_path):
+    """Page 16, default launch: GPU time for splits 1..64 at shapes of few (request, KV head) pairs."""
+    dev = "cuda"
+    gen = torch.Generator(device=dev).manual_seed(0)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for B, H_kv, L in [(1, 1, 4096), (1, 8, 4096), (1, 1, 131072), (8, 1, 4096), (64, 1, 4096), (1, 32, 2048),
+                       (1, 8, 16384), (8, 8, 4096), (1, 1, 512), (64, 1, 131072), (8, 1, 16384), (1, 8, 131072)]:
+        H_q, D = 32, 128
+        nbytes = 2 * B * L * H_kv * D * 2
+        data = [make(B, H_q, H_kv, L, D, 16, dev, gen) for _ in range(timing.rotation(nbytes, l2))]
+        q, k, v, kc, vc, bt, lens = data[0]
+        ref = da.reference(q[:1], kc, vc, bt[:1], lens[:1])
+        rule = da.choose_splits(B * H_kv, L, 64, sms, group=H_q // H_kv)
+        for splits in [1, 2, 4, 8, 16, 32, 64]:
+            plan = da.DecodeAttention(q, kc, vc, bt, lens, num_splits=splits)
+            err = ((plan(q, kc, vc, bt, lens)[:1].float() - ref).norm() / ref.norm()).item()
+            assert err < 1e-2, err
+            t = timing.bench([lambda d=d, plan=plan: plan(d[0], d[3], d[4], d[5], d[6]) for d in data], device=dev,
+                             reps=11, target_ms=0.5)
+            rows.append({"B": B, "H_kv": H_kv, "L": L, "splits": splits, "rule": rule, "gpu_us": t.gpu_us.median,
+                         "GBps": nbytes / t.gpu_us.median / 1e3})
+        del data
+        torch.cuda.empty_cache()
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    if out_path:
+        Path(out_path).write_text(json.dumps(rows, indent=1))
+    wide = df.pivot_table(index=["B", "H_kv", "L", "rule"], columns="splits", values="gpu_us")
+    wide["best"] = wide.idxmin(axis=1)
+    wide["rule / best"] = [wide.loc[i, i[3]] / wide.loc[i].drop("best").min() for i in wide.index]
+    pd.set_option("display.width", 250)
+    print(wide.round(2).to_string())
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true", help="seed shape only, a small grid")
+    ap.add_argument("--splits", action="store_true", help="time every split count against choose_splits' choice")
     args = ap.parse_args()
+    if args.splits:
+        return sweep_splits(args.out)
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(0)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size

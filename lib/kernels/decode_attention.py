@@ -49,7 +49,7 @@ def _decode_kernel(
     stride_ob, stride_oh,
     # meta-parameters
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, V_EARLY: tl.constexpr = False, EVICT: tl.constexpr = "",
+    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, CHUNK: tl.constexpr, V_EARLY: tl.constexpr = False, EVICT: tl.constexpr = "",
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -109,21 +109,24 @@ def _decode_kernel(
         # acq_rel: our partials are visible before the count moves; the last program sees them all
         done = tl.atomic_add(CNT + b * H_KV + kvh, 1)
         if done == SPLITS - 1:
+            # weights of every split at once, then the partial outputs CHUNK splits per step: the loads of a
+            # step are issued together, so the serial part of the combine is SPLITS / CHUNK round trips
             sp = tl.arange(0, SPLITS)
             ms = tl.load(PM + part[:, None] + sp[None, :], mask=gmask[:, None], other=float("-inf"),
                          cache_modifier=".cg")
             m_all = tl.max(ms, 1)
             m_all = tl.where(m_all == float("-inf"), 0.0, m_all)  # padded heads: keep the arithmetic finite
-            total = tl.zeros([BLOCK_G], tl.float32)
+            ls = tl.load(PL + part[:, None] + sp[None, :], mask=gmask[:, None], other=0.0, cache_modifier=".cg")
+            total = tl.sum(ls * tl.where(ms == float("-inf"), 0.0, tl.exp2(ms - m_all[:, None])), 1)
             out = tl.zeros([BLOCK_G, D], tl.float32)
-            for i in range(SPLITS):
-                m_i = tl.load(PM + part + i, mask=gmask, other=float("-inf"), cache_modifier=".cg")
-                l_i = tl.load(PL + part + i, mask=gmask, other=0.0, cache_modifier=".cg")
-                w = tl.where(m_i == float("-inf"), 0.0, tl.exp2(m_i - m_all))
-                total += l_i * w
-                a_i = tl.load(PACC + (part + i)[:, None] * D + dd[None, :], mask=gmask[:, None], other=0.0,
+            for c in range(0, SPLITS, CHUNK):
+                ci = c + tl.arange(0, CHUNK)
+                m_c = tl.load(PM + part[:, None] + ci[None, :], mask=gmask[:, None], other=float("-inf"),
                               cache_modifier=".cg")
-                out += a_i * w[:, None]
+                w_c = tl.where(m_c == float("-inf"), 0.0, tl.exp2(m_c - m_all[:, None]))  # [BLOCK_G, CHUNK]
+                a_c = tl.load(PACC + ((part[:, None] + ci[None, :]) * D)[:, :, None] + dd[None, None, :],
+                              mask=gmask[:, None, None], other=0.0, cache_modifier=".cg")  # [BLOCK_G, CHUNK, D]
+                out += tl.sum(a_c * w_c[:, :, None], 1)
             out = out / tl.where(total > 0, total, 1.0)[:, None]
             tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=gmask[:, None])
             tl.atomic_xchg(CNT + b * H_KV + kvh, 0)  # ready for the next call
@@ -153,15 +156,23 @@ def _workspace(device, B, H_q, H_kv, D, splits):
     return ws
 
 
-def choose_splits(programs: int, max_len: int, block_n: int, sms: int, waves: float = 2.0, most: int = 64) -> int:
-    """Splits per (request, KV head): the smallest power of two giving ``waves`` programs per SM, but no
-    more than the context has tiles of ``block_n`` tokens, and at most ``most``."""
+def choose_splits(programs: int, max_len: int, block_n: int, sms: int, group: int = 1, waves: float = 2.0,
+                  most: int = 64) -> int:
+    """Splits per (request, KV head): the smallest power of two giving ``waves`` programs per SM, within
+    three caps: no more splits than the context has tiles of ``block_n`` tokens; at most ``most``; and at
+    most sqrt(max_len / group), which keeps the partial results one program must combine at the end
+    (splits x group rows of d floats) no larger than what each split reads (max_len / splits rows)."""
     want = math.ceil(waves * sms / max(programs, 1))
-    cap = min(max(1, math.ceil(max_len / block_n)), most)
+    cap = min(max(1, math.ceil(max_len / block_n)), most, max(1, math.isqrt(max(1, max_len // max(group, 1)))))
     splits = 1
     while splits < want and splits * 2 <= cap:
         splits *= 2
     return splits
+
+
+def _chunk(splits: int, block_g: int, d: int) -> int:
+    """Splits the combine loads per step: as many as fit in 8192 floats, at most all of them."""
+    return max(1, min(splits, triton.next_power_of_2(max(1, 8192 // (block_g * d) + 1)) // 2))
 
 
 def _check(q, k_cache, v_cache, block_table, seq_lens):
@@ -204,7 +215,7 @@ class DecodeAttention:
         B, H_q, D = q.shape
         _, H_kv, page, _ = k_cache.shape
         max_len = max_seq_len if max_seq_len is not None else block_table.shape[1] * page
-        splits = num_splits or choose_splits(B * H_kv, max_len, block_n, _sm_count(q.device))
+        splits = num_splits or choose_splits(B * H_kv, max_len, block_n, _sm_count(q.device), group=H_q // H_kv)
         if splits & (splits - 1):
             raise ValueError(f"num_splits must be a power of two, got {splits}")
         split_len = triton.cdiv(triton.cdiv(max_len, splits), block_n) * block_n
@@ -215,8 +226,9 @@ class DecodeAttention:
         self.shapes = (q.shape, k_cache.shape, block_table.shape, q.stride(), k_cache.stride(), v_cache.stride(),
                        block_table.stride())
         self.scalars = (scale * LOG2E, split_len, H_q, H_kv)
-        self.meta = dict(G=H_q // H_kv, BLOCK_G=max(16, triton.next_power_of_2(H_q // H_kv)), D=D, PAGE=page,
-                         BLOCK_N=block_n, SPLITS=splits, V_EARLY=v_early, EVICT=evict)
+        block_g = max(16, triton.next_power_of_2(H_q // H_kv))
+        self.meta = dict(G=H_q // H_kv, BLOCK_G=block_g, D=D, PAGE=page, BLOCK_N=block_n, SPLITS=splits,
+                         CHUNK=_chunk(splits, block_g, D), V_EARLY=v_early, EVICT=evict)
         self.options = dict(num_warps=num_warps, num_stages=num_stages)
         self.compiled = None
 
