@@ -49,7 +49,7 @@ def _decode_kernel(
     stride_ob, stride_oh,
     # meta-parameters
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, CHUNK: tl.constexpr, V_EARLY: tl.constexpr = False, EVICT: tl.constexpr = "",
+    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, V_EARLY: tl.constexpr = False, EVICT: tl.constexpr = "",
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -109,24 +109,21 @@ def _decode_kernel(
         # acq_rel: our partials are visible before the count moves; the last program sees them all
         done = tl.atomic_add(CNT + b * H_KV + kvh, 1)
         if done == SPLITS - 1:
-            # weights of every split at once, then the partial outputs CHUNK splits per step: the loads of a
-            # step are issued together, so the serial part of the combine is SPLITS / CHUNK round trips
             sp = tl.arange(0, SPLITS)
             ms = tl.load(PM + part[:, None] + sp[None, :], mask=gmask[:, None], other=float("-inf"),
                          cache_modifier=".cg")
             m_all = tl.max(ms, 1)
             m_all = tl.where(m_all == float("-inf"), 0.0, m_all)  # padded heads: keep the arithmetic finite
-            ls = tl.load(PL + part[:, None] + sp[None, :], mask=gmask[:, None], other=0.0, cache_modifier=".cg")
-            total = tl.sum(ls * tl.where(ms == float("-inf"), 0.0, tl.exp2(ms - m_all[:, None])), 1)
+            total = tl.zeros([BLOCK_G], tl.float32)
             out = tl.zeros([BLOCK_G, D], tl.float32)
-            for c in range(0, SPLITS, CHUNK):
-                ci = c + tl.arange(0, CHUNK)
-                m_c = tl.load(PM + part[:, None] + ci[None, :], mask=gmask[:, None], other=float("-inf"),
+            for i in range(SPLITS):
+                m_i = tl.load(PM + part + i, mask=gmask, other=float("-inf"), cache_modifier=".cg")
+                l_i = tl.load(PL + part + i, mask=gmask, other=0.0, cache_modifier=".cg")
+                w = tl.where(m_i == float("-inf"), 0.0, tl.exp2(m_i - m_all))
+                total += l_i * w
+                a_i = tl.load(PACC + (part + i)[:, None] * D + dd[None, :], mask=gmask[:, None], other=0.0,
                               cache_modifier=".cg")
-                w_c = tl.where(m_c == float("-inf"), 0.0, tl.exp2(m_c - m_all[:, None]))  # [BLOCK_G, CHUNK]
-                a_c = tl.load(PACC + ((part[:, None] + ci[None, :]) * D)[:, :, None] + dd[None, None, :],
-                              mask=gmask[:, None, None], other=0.0, cache_modifier=".cg")  # [BLOCK_G, CHUNK, D]
-                out += tl.sum(a_c * w_c[:, :, None], 1)
+                out += a_i * w[:, None]
             out = out / tl.where(total > 0, total, 1.0)[:, None]
             tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=gmask[:, None])
             tl.atomic_xchg(CNT + b * H_KV + kvh, 0)  # ready for the next call
@@ -168,11 +165,6 @@ def choose_splits(programs: int, max_len: int, block_n: int, sms: int, group: in
     while splits < want and splits * 2 <= cap:
         splits *= 2
     return splits
-
-
-def _chunk(splits: int, block_g: int, d: int) -> int:
-    """Splits the combine loads per step: as many as fit in 8192 floats, at most all of them."""
-    return max(1, min(splits, triton.next_power_of_2(max(1, 8192 // (block_g * d) + 1)) // 2))
 
 
 def _check(q, k_cache, v_cache, block_table, seq_lens):
@@ -228,15 +220,12 @@ class DecodeAttention:
         self.scalars = (scale * LOG2E, split_len, H_q, H_kv)
         block_g = max(16, triton.next_power_of_2(H_q // H_kv))
         self.meta = dict(G=H_q // H_kv, BLOCK_G=block_g, D=D, PAGE=page, BLOCK_N=block_n, SPLITS=splits,
-                         CHUNK=_chunk(splits, block_g, D), V_EARLY=v_early, EVICT=evict)
+                         V_EARLY=v_early, EVICT=evict)
+        self.meta_values = tuple(self.meta.values())
         self.options = dict(num_warps=num_warps, num_stages=num_stages)
+        self.fixed = (*self.workspace, *self.scalars, q.stride(0), q.stride(1), *k_cache.stride()[:3],
+                      *v_cache.stride()[:3], block_table.stride(0), q.stride(0), q.stride(1))
         self.compiled = None
-
-    def _args(self, q, k_cache, v_cache, block_table, seq_lens, out):
-        return (q, k_cache, v_cache, block_table, seq_lens, out, *self.workspace, *self.scalars,
-                q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-                v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),
-                out.stride(0), out.stride(1))
 
     def __call__(self, q, k_cache, v_cache, block_table, seq_lens, out=None):
         if out is None:
@@ -246,18 +235,25 @@ class DecodeAttention:
             raise ValueError("tensors differ from the planned shapes or strides: make a new DecodeAttention")
         if self.grid[0] == 0:
             return out
-        args = self._args(q, k_cache, v_cache, block_table, seq_lens, out)
-        aligned = not ((q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | block_table.data_ptr()
-                        | seq_lens.data_ptr() | out.data_ptr()) % 16)
+        # the strides equal the planned ones (checked above), so their values were fixed at planning
+        args = (q, k_cache, v_cache, block_table, seq_lens, out, *self.fixed)
         ck = self.compiled
-        if ck is not None and aligned:
-            ck.run(*self.grid, torch.cuda.current_stream(q.device).cuda_stream, ck.function, ck.packed_metadata,
-                   None, None, None, *args, *self.meta.values())
+        if ck is not None and not ((q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | block_table.data_ptr()
+                                    | seq_lens.data_ptr() | out.data_ptr()) % 16):
+            ck.run(*self.grid, _raw_stream(q.device.index), ck.function, ck.packed_metadata, None, None, None,
+                   *args, *self.meta_values)
         else:
             ck = _decode_kernel[self.grid](*args, **self.meta, **self.options)
+            aligned = not ((q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | block_table.data_ptr()
+                            | seq_lens.data_ptr() | out.data_ptr()) % 16)
             if aligned and q.device.type == "cuda" and hasattr(ck, "packed_metadata"):
                 self.compiled = ck
         return out
+
+
+def _raw_stream(index):
+    """The current CUDA stream's handle, without building a torch.cuda.Stream object."""
+    return torch._C._cuda_getCurrentRawStream(index)
 
 
 def decode_attention(
