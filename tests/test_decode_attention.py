@@ -51,9 +51,9 @@ def test_matches_reference(page, G, dtype):
     lens = [1, page + 3, 2 * page - 1 if page > 1 else 7, 97]
     q, kc, vc, bt, sl = paged_case(lens, H_kv, G, 32, page, dtype, gen)
     ref = da.reference(q, kc, vc, bt, sl)
-    for splits in (1, 4):
-        out = run_guarded(q, kc, vc, bt, sl, num_splits=splits, block_n=16)
-        assert rel_err(out, ref) < TOL[dtype], (page, G, dtype, splits)
+    for splits, combine in ((1, "kernel"), (4, "kernel"), (4, "inline")):
+        out = run_guarded(q, kc, vc, bt, sl, num_splits=splits, block_n=16, combine=combine)
+        assert rel_err(out, ref) < TOL[dtype], (page, G, dtype, splits, combine)
 
 
 def test_dense_cache_is_one_page_per_request():
@@ -73,17 +73,18 @@ def test_split_reduction_resets_its_counters():
     gen = torch.Generator().manual_seed(3)
     for _ in range(2):
         q, kc, vc, bt, sl = paged_case([40, 9], 2, 4, 32, 16, torch.float32, gen)
-        out = run_guarded(q, kc, vc, bt, sl, num_splits=8, block_n=16)
+        out = run_guarded(q, kc, vc, bt, sl, num_splits=8, block_n=16, combine="inline")
         assert rel_err(out, da.reference(q, kc, vc, bt, sl)) < 1e-5
     counters = [ws[3] for key, ws in da._WORKSPACE.items() if key[-1] == 8]
     assert counters and all(int(c.abs().sum()) == 0 for c in counters)
 
 
-def test_empty_splits_and_scale():
+@pytest.mark.parametrize("combine", ["kernel", "inline"])
+def test_empty_splits_and_scale(combine):
     """More splits than the short requests have tokens: empty splits must not disturb the result."""
     gen = torch.Generator().manual_seed(5)
     q, kc, vc, bt, sl = paged_case([1, 2, 64], 1, 4, 16, 16, torch.float32, gen)
-    out = run_guarded(q, kc, vc, bt, sl, num_splits=4, block_n=16, scale=0.3)
+    out = run_guarded(q, kc, vc, bt, sl, num_splits=4, block_n=16, scale=0.3, combine=combine)
     assert rel_err(out, da.reference(q, kc, vc, bt, sl, scale=0.3)) < 1e-5
 
 
@@ -98,11 +99,12 @@ def test_choose_splits():
     assert da.choose_splits(programs=1, max_len=4096, block_n=64, sms=132, group=4) == 32
 
 
-def test_many_splits_with_empty_splits():
+@pytest.mark.parametrize("combine", ["kernel", "inline"])
+def test_many_splits_with_empty_splits(combine):
     """Many splits of d=128; short requests leave most splits empty."""
     gen = torch.Generator().manual_seed(7)
     q, kc, vc, bt, sl = paged_case([1, 300, 17], 2, 4, 128, 16, torch.float32, gen)
-    out = run_guarded(q, kc, vc, bt, sl, num_splits=16, block_n=16)
+    out = run_guarded(q, kc, vc, bt, sl, num_splits=16, block_n=16, combine=combine)
     assert rel_err(out, da.reference(q, kc, vc, bt, sl)) < 1e-5
 
 
@@ -119,6 +121,8 @@ def test_bad_input_is_rejected():
         da.decode_attention(q[..., :24], kc[..., :24], vc[..., :24], bt, sl)
     with pytest.raises(ValueError, match="num_splits"):
         da.decode_attention(q, kc, vc, bt, sl, num_splits=3)
+    with pytest.raises(ValueError, match="combine must be"):
+        da.decode_attention(q, kc, vc, bt, sl, combine="later")
     with pytest.raises(ValueError, match="block_table must be"):
         da.decode_attention(q, kc, vc, bt[:, :0].expand(2, 0), sl)
 
@@ -127,6 +131,7 @@ def test_planned_launches_match_and_check_shapes():
     gen = torch.Generator().manual_seed(11)
     q, kc, vc, bt, sl = paged_case([30, 7], 2, 4, 32, 16, torch.float32, gen)
     plan = da.DecodeAttention(q, kc, vc, bt, sl, num_splits=2, block_n=16)
+    assert plan.second  # the combine is a second launch by default
     for _ in range(2):  # the first call compiles (or interprets), later ones launch directly on a GPU
         q2, kc2, vc2, bt2, sl2 = paged_case([30, 7], 2, 4, 32, 16, torch.float32, gen)
         out = plan(q2, kc2, vc2, bt2, sl2)

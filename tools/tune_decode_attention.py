@@ -54,11 +54,11 @@ def make(B, H_q, H_kv, L, D, page, dev, gen):
 
 
 def sweep_splits(out_path):
-    """Page 16, default launch: GPU time for splits 1..64 at shapes of few (request, KV head) pairs."""
+    """Page 16, default launch, both combines: GPU time for splits 1..64 at shapes of few (request, KV head)
+    pairs, against the split count the plan would choose."""
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(0)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for B, H_kv, L in [(1, 1, 4096), (1, 8, 4096), (1, 1, 131072), (8, 1, 4096), (64, 1, 4096), (1, 32, 2048),
                        (1, 8, 16384), (8, 8, 4096), (1, 1, 512), (64, 1, 131072), (8, 1, 16384), (1, 8, 131072)]:
@@ -67,15 +67,15 @@ def sweep_splits(out_path):
         data = [make(B, H_q, H_kv, L, D, 16, dev, gen) for _ in range(timing.rotation(nbytes, l2))]
         q, k, v, kc, vc, bt, lens = data[0]
         ref = da.reference(q[:1], kc, vc, bt[:1], lens[:1])
-        rule = da.choose_splits(B * H_kv, L, 64, sms, group=H_q // H_kv)
-        for splits in [1, 2, 4, 8, 16, 32, 64]:
-            plan = da.DecodeAttention(q, kc, vc, bt, lens, num_splits=splits)
+        for combine, splits in itertools.product(["inline", "kernel"], [1, 2, 4, 8, 16, 32, 64]):
+            rule = da.DecodeAttention(q, kc, vc, bt, lens, combine=combine).splits
+            plan = da.DecodeAttention(q, kc, vc, bt, lens, num_splits=splits, combine=combine)
             err = ((plan(q, kc, vc, bt, lens)[:1].float() - ref).norm() / ref.norm()).item()
             assert err < 1e-2, err
             t = timing.bench([lambda d=d, plan=plan: plan(d[0], d[3], d[4], d[5], d[6]) for d in data], device=dev,
                              reps=11, target_ms=0.5)
-            rows.append({"B": B, "H_kv": H_kv, "L": L, "splits": splits, "rule": rule, "gpu_us": t.gpu_us.median,
-                         "GBps": nbytes / t.gpu_us.median / 1e3})
+            rows.append({"B": B, "H_kv": H_kv, "L": L, "combine": combine, "splits": splits, "rule": rule,
+                         "gpu_us": t.gpu_us.median, "call_us": t.call_us.median, "GBps": nbytes / t.gpu_us.median / 1e3})
         del data
         torch.cuda.empty_cache()
     import pandas as pd
@@ -83,9 +83,9 @@ def sweep_splits(out_path):
     df = pd.DataFrame(rows)
     if out_path:
         Path(out_path).write_text(json.dumps(rows, indent=1))
-    wide = df.pivot_table(index=["B", "H_kv", "L", "rule"], columns="splits", values="gpu_us")
+    wide = df.pivot_table(index=["B", "H_kv", "L", "combine", "rule"], columns="splits", values="gpu_us")
     wide["best"] = wide.idxmin(axis=1)
-    wide["rule / best"] = [wide.loc[i, i[3]] / wide.loc[i].drop("best").min() for i in wide.index]
+    wide["rule / best"] = [wide.loc[i, i[4]] / wide.loc[i].drop("best").min() for i in wide.index]
     pd.set_option("display.width", 250)
     print(wide.round(2).to_string())
 

@@ -16,8 +16,10 @@ The kernel (chapter 3 explains it):
 - Split-KV (flash-decoding): the context is cut into ``num_splits`` ranges handled by separate programs,
   so that B * H_kv * num_splits programs keep the SMs busy even for one request.
 - Each split keeps a running maximum and sum (online softmax, in base 2, fp32 accumulation) and writes
-  its partial result; the last split of a (request, KV head) to finish, found by an atomic counter,
-  combines them by log-sum-exp and resets the counter. One launch per call, no second kernel.
+  its partial result; they are combined by log-sum-exp either by a second, small kernel with one
+  program per (request, query head) (``combine="kernel"``, the default), or inside the same launch by
+  the last split of a (request, KV head) to finish, found by an atomic counter that it then resets
+  (``combine="inline"``: one launch, but one program reads all the group's partials in turn).
 
 Chapters: 3.
 """
@@ -49,7 +51,8 @@ def _decode_kernel(
     stride_ob, stride_oh,
     # meta-parameters
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, V_EARLY: tl.constexpr = False, EVICT: tl.constexpr = "",
+    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, INLINE: tl.constexpr = True, V_EARLY: tl.constexpr = False,
+    EVICT: tl.constexpr = "",
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -106,27 +109,48 @@ def _decode_kernel(
         tl.store(PM + part + s, m, mask=gmask)
         tl.store(PL + part + s, l_sum, mask=gmask)
         tl.store(PACC + (part + s)[:, None] * D + dd[None, :], acc, mask=gmask[:, None])
-        # acq_rel: our partials are visible before the count moves; the last program sees them all
-        done = tl.atomic_add(CNT + b * H_KV + kvh, 1)
-        if done == SPLITS - 1:
-            sp = tl.arange(0, SPLITS)
-            ms = tl.load(PM + part[:, None] + sp[None, :], mask=gmask[:, None], other=float("-inf"),
-                         cache_modifier=".cg")
-            m_all = tl.max(ms, 1)
-            m_all = tl.where(m_all == float("-inf"), 0.0, m_all)  # padded heads: keep the arithmetic finite
-            total = tl.zeros([BLOCK_G], tl.float32)
-            out = tl.zeros([BLOCK_G, D], tl.float32)
-            for i in range(SPLITS):
-                m_i = tl.load(PM + part + i, mask=gmask, other=float("-inf"), cache_modifier=".cg")
-                l_i = tl.load(PL + part + i, mask=gmask, other=0.0, cache_modifier=".cg")
-                w = tl.where(m_i == float("-inf"), 0.0, tl.exp2(m_i - m_all))
-                total += l_i * w
-                a_i = tl.load(PACC + (part + i)[:, None] * D + dd[None, :], mask=gmask[:, None], other=0.0,
-                              cache_modifier=".cg")
-                out += a_i * w[:, None]
-            out = out / tl.where(total > 0, total, 1.0)[:, None]
-            tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=gmask[:, None])
-            tl.atomic_xchg(CNT + b * H_KV + kvh, 0)  # ready for the next call
+        # INLINE: the last program of the group combines (acq_rel: our partials are visible before the
+        # count moves, so the last one sees them all); otherwise _combine_kernel runs next
+        if INLINE:
+            done = tl.atomic_add(CNT + b * H_KV + kvh, 1)
+            if done == SPLITS - 1:
+                sp = tl.arange(0, SPLITS)
+                ms = tl.load(PM + part[:, None] + sp[None, :], mask=gmask[:, None], other=float("-inf"),
+                             cache_modifier=".cg")
+                m_all = tl.max(ms, 1)
+                m_all = tl.where(m_all == float("-inf"), 0.0, m_all)  # padded heads: keep the arithmetic finite
+                total = tl.zeros([BLOCK_G], tl.float32)
+                out = tl.zeros([BLOCK_G, D], tl.float32)
+                for i in range(SPLITS):
+                    m_i = tl.load(PM + part + i, mask=gmask, other=float("-inf"), cache_modifier=".cg")
+                    l_i = tl.load(PL + part + i, mask=gmask, other=0.0, cache_modifier=".cg")
+                    w = tl.where(m_i == float("-inf"), 0.0, tl.exp2(m_i - m_all))
+                    total += l_i * w
+                    a_i = tl.load(PACC + (part + i)[:, None] * D + dd[None, :], mask=gmask[:, None], other=0.0,
+                                  cache_modifier=".cg")
+                    out += a_i * w[:, None]
+                out = out / tl.where(total > 0, total, 1.0)[:, None]
+                tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=gmask[:, None])
+                tl.atomic_xchg(CNT + b * H_KV + kvh, 0)  # ready for the next call
+
+
+@triton.jit
+def _combine_kernel(PACC, PM, PL, Out, H_Q, stride_ob, stride_oh, SPLITS: tl.constexpr, D: tl.constexpr):
+    """One program per (request, query head): all its splits' partials in one load, combined by
+    log-sum-exp."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    part = (b * H_Q + h) * SPLITS
+    sp = tl.arange(0, SPLITS)
+    dd = tl.arange(0, D)
+    ms = tl.load(PM + part + sp)
+    m_all = tl.max(ms, 0)
+    m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
+    w = tl.where(ms == float("-inf"), 0.0, tl.exp2(ms - m_all))
+    total = tl.sum(tl.load(PL + part + sp) * w, 0)
+    acc = tl.load(PACC + (part + sp)[:, None] * D + dd[None, :])
+    out = tl.sum(acc * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(Out + b * stride_ob + h * stride_oh + dd, out.to(Out.dtype.element_ty))
 
 
 @functools.cache
@@ -202,17 +226,23 @@ class DecodeAttention:
     """
 
     def __init__(self, q, k_cache, v_cache, block_table, seq_lens, *, max_seq_len=None, scale=None,
-                 num_splits=None, block_n=64, num_warps=4, num_stages=3, v_early=False, evict=""):
+                 num_splits=None, block_n=64, num_warps=4, num_stages=3, combine="kernel", v_early=False, evict=""):
         _check(q, k_cache, v_cache, block_table, seq_lens)
         B, H_q, D = q.shape
         _, H_kv, page, _ = k_cache.shape
         max_len = max_seq_len if max_seq_len is not None else block_table.shape[1] * page
-        splits = num_splits or choose_splits(B * H_kv, max_len, block_n, _sm_count(q.device), group=H_q // H_kv)
+        if combine not in ("kernel", "inline"):
+            raise ValueError(f"combine must be 'kernel' (a second, parallel launch) or 'inline' (the last split "
+                             f"program combines), got {combine!r}")
+        # an inline combine is serial in one program per group: fewer splits (see choose_splits)
+        splits = num_splits or choose_splits(B * H_kv, max_len, block_n, _sm_count(q.device),
+                                             group=H_q // H_kv if combine == "inline" else 1)
         if splits & (splits - 1):
             raise ValueError(f"num_splits must be a power of two, got {splits}")
         split_len = triton.cdiv(triton.cdiv(max_len, splits), block_n) * block_n
         scale = D ** -0.5 if scale is None else scale
         self.grid = (B, H_kv, splits)
+        self.grid_heads = H_q
         self.splits = splits
         self.workspace = _workspace(q.device, B, H_q, H_kv, D, splits)
         self.shapes = (q.shape, k_cache.shape, block_table.shape, q.stride(), k_cache.stride(), v_cache.stride(),
@@ -220,12 +250,16 @@ class DecodeAttention:
         self.scalars = (scale * LOG2E, split_len, H_q, H_kv)
         block_g = max(16, triton.next_power_of_2(H_q // H_kv))
         self.meta = dict(G=H_q // H_kv, BLOCK_G=block_g, D=D, PAGE=page, BLOCK_N=block_n, SPLITS=splits,
-                         V_EARLY=v_early, EVICT=evict)
+                         INLINE=combine == "inline", V_EARLY=v_early, EVICT=evict)
+        self.second = splits > 1 and combine == "kernel"  # the combine is a second launch
+        self.combine_meta = dict(SPLITS=splits, D=D)
         self.meta_values = tuple(self.meta.values())
         self.options = dict(num_warps=num_warps, num_stages=num_stages)
+        self.combine_args = self.workspace[:3]
         self.fixed = (*self.workspace, *self.scalars, q.stride(0), q.stride(1), *k_cache.stride()[:3],
                       *v_cache.stride()[:3], block_table.stride(0), q.stride(0), q.stride(1))
         self.compiled = None
+        self.compiled_combine = None
 
     def __call__(self, q, k_cache, v_cache, block_table, seq_lens, out=None):
         if out is None:
@@ -237,17 +271,23 @@ class DecodeAttention:
             return out
         # the strides equal the planned ones (checked above), so their values were fixed at planning
         args = (q, k_cache, v_cache, block_table, seq_lens, out, *self.fixed)
-        ck = self.compiled
-        if ck is not None and not ((q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | block_table.data_ptr()
-                                    | seq_lens.data_ptr() | out.data_ptr()) % 16):
-            ck.run(*self.grid, _raw_stream(q.device.index), ck.function, ck.packed_metadata, None, None, None,
-                   *args, *self.meta_values)
-        else:
-            ck = _decode_kernel[self.grid](*args, **self.meta, **self.options)
-            aligned = not ((q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | block_table.data_ptr()
-                            | seq_lens.data_ptr() | out.data_ptr()) % 16)
-            if aligned and q.device.type == "cuda" and hasattr(ck, "packed_metadata"):
-                self.compiled = ck
+        ck, cc = self.compiled, self.compiled_combine
+        aligned = not ((q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | block_table.data_ptr()
+                        | seq_lens.data_ptr() | out.data_ptr()) % 16)
+        if ck is not None and aligned and (cc is not None or not self.second):
+            stream = _raw_stream(q.device.index)
+            ck.run(*self.grid, stream, ck.function, ck.packed_metadata, None, None, None, *args, *self.meta_values)
+            if self.second:
+                cc.run(self.grid[0], self.grid_heads, 1, stream, cc.function, cc.packed_metadata, None, None, None,
+                       *self.combine_args, out, self.grid_heads, q.stride(0), q.stride(1), *self.combine_meta.values())
+            return out
+        ck = _decode_kernel[self.grid](*args, **self.meta, **self.options)
+        cc = None
+        if self.second:
+            cc = _combine_kernel[(self.grid[0], self.grid_heads)](*self.combine_args, out, self.grid_heads, q.stride(0),
+                                                                  q.stride(1), **self.combine_meta, num_warps=4)
+        if aligned and q.device.type == "cuda" and hasattr(ck, "packed_metadata"):
+            self.compiled, self.compiled_combine = ck, cc
         return out
 
 
@@ -270,6 +310,7 @@ def decode_attention(
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 3,
+    combine: str = "kernel",
 ) -> torch.Tensor:
     """Attention of one query token per request over a paged KV cache; returns [B, H_q, d].
 
@@ -282,7 +323,8 @@ def decode_attention(
     if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1):
         raise ValueError(f"out must be like q {tuple(q.shape)} {q.dtype}, contiguous in its last dimension")
     plan = DecodeAttention(q, k_cache, v_cache, block_table, seq_lens, max_seq_len=max_seq_len, scale=scale,
-                           num_splits=num_splits, block_n=block_n, num_warps=num_warps, num_stages=num_stages)
+                           num_splits=num_splits, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
+                           combine=combine)
     return plan(q, k_cache, v_cache, block_table, seq_lens, out=out)
 
 
