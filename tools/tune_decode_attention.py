@@ -90,14 +90,53 @@ def sweep_splits(out_path):
     print(wide.round(2).to_string())
 
 
+def sweep_pages(out_path):
+    """GPU time of page 16 (block-table entries loaded in the step or one step ahead) over contiguous."""
+    dev = "cuda"
+    gen = torch.Generator(device=dev).manual_seed(0)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    rows = []
+    for B, H_kv, L in [(8, 8, 4096), (64, 1, 131072), (8, 8, 16384), (1, 8, 131072), (64, 8, 16384), (8, 32, 16384),
+                       (64, 1, 16384), (1, 1, 131072)]:
+        H_q, D = 32, 128
+        nbytes = 2 * B * L * H_kv * D * 2
+        for page in (0, 16):
+            data = [make(B, H_q, H_kv, L, D, page, dev, gen) for _ in range(timing.rotation(nbytes, l2))]
+            q, k, v, kc, vc, bt, lens = data[0]
+            ref = da.reference(q[:1], kc, vc, bt[:1], lens[:1])
+            for prefetch, stages in itertools.product([False, True] if page else [False], [3, 4]):
+                plan = da.DecodeAttention(q, kc, vc, bt, lens, prefetch=prefetch, num_stages=stages)
+                err = ((plan(q, kc, vc, bt, lens)[:1].float() - ref).norm() / ref.norm()).item()
+                assert err < 1e-2, err
+                t = timing.bench([lambda d=d, plan=plan: plan(d[0], d[3], d[4], d[5], d[6]) for d in data], device=dev,
+                                 reps=15, target_ms=1.0)
+                rows.append({"B": B, "H_kv": H_kv, "L": L, "page": page or "dense", "prefetch": prefetch, "stages": stages,
+                             "gpu_us": t.gpu_us.median, "GBps": nbytes / t.gpu_us.median / 1e3})
+            del data
+            torch.cuda.empty_cache()
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    if out_path:
+        Path(out_path).write_text(json.dumps(rows, indent=1))
+    wide = df.pivot_table(index=["B", "H_kv", "L"], columns=["page", "prefetch", "stages"], values="gpu_us")
+    pd.set_option("display.width", 250)
+    print(wide.round(2).to_string())
+    base = wide[("dense", False, 3)]
+    print((wide.div(base, axis=0)).round(3).to_string())
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true", help="seed shape only, a small grid")
     ap.add_argument("--splits", action="store_true", help="time every split count against choose_splits' choice")
+    ap.add_argument("--pages", action="store_true", help="page 16 against contiguous, with and without prefetch")
     args = ap.parse_args()
     if args.splits:
         return sweep_splits(args.out)
+    if args.pages:
+        return sweep_pages(args.out)
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(0)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size

@@ -52,7 +52,7 @@ def _decode_kernel(
     # meta-parameters
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, INLINE: tl.constexpr = True, V_EARLY: tl.constexpr = False,
-    EVICT: tl.constexpr = "",
+    EVICT: tl.constexpr = "", PREFETCH: tl.constexpr = False,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -71,10 +71,20 @@ def _decode_kernel(
 
     start = s * split_len
     end = tl.minimum(start + split_len, seq_len)
+    t_next = start + tl.arange(0, BLOCK_N)
+    page_next = tl.load(BT + b * stride_btb + t_next // PAGE, mask=PREFETCH & (t_next < end), other=0)
     for n0 in range(start, end, BLOCK_N):
         t = n0 + tl.arange(0, BLOCK_N)
         tmask = t < end
-        if PAGE % BLOCK_N == 0:
+        if PREFETCH and PAGE % BLOCK_N != 0:
+            # small pages, the next tile's page numbers requested one step ahead
+            page = page_next.to(tl.int64)
+            t_next = t + BLOCK_N
+            page_next = tl.load(BT + b * stride_btb + t_next // PAGE, mask=t_next < end, other=0)
+            row = t % PAGE
+            k_off = page * stride_kp + kvh * stride_kh + row * stride_kt
+            v_off = page * stride_vp + kvh * stride_vh + row * stride_vt
+        elif PAGE % BLOCK_N == 0:
             # a tile never crosses a page: one block-table entry, contiguous rows
             page = tl.load(BT + b * stride_btb + n0 // PAGE).to(tl.int64)
             row = n0 % PAGE + tl.arange(0, BLOCK_N)
@@ -226,7 +236,8 @@ class DecodeAttention:
     """
 
     def __init__(self, q, k_cache, v_cache, block_table, seq_lens, *, max_seq_len=None, scale=None,
-                 num_splits=None, block_n=64, num_warps=4, num_stages=3, combine="kernel", v_early=False, evict=""):
+                 num_splits=None, block_n=64, num_warps=4, num_stages=3, combine="kernel", v_early=False, evict="",
+                 prefetch=False):
         _check(q, k_cache, v_cache, block_table, seq_lens)
         B, H_q, D = q.shape
         _, H_kv, page, _ = k_cache.shape
@@ -250,7 +261,7 @@ class DecodeAttention:
         self.scalars = (scale * LOG2E, split_len, H_q, H_kv)
         block_g = max(16, triton.next_power_of_2(H_q // H_kv))
         self.meta = dict(G=H_q // H_kv, BLOCK_G=block_g, D=D, PAGE=page, BLOCK_N=block_n, SPLITS=splits,
-                         INLINE=combine == "inline", V_EARLY=v_early, EVICT=evict)
+                         INLINE=combine == "inline", V_EARLY=v_early, EVICT=evict, PREFETCH=prefetch)
         self.second = splits > 1 and combine == "kernel"  # the combine is a second launch
         self.combine_meta = dict(SPLITS=splits, D=D)
         self.meta_values = tuple(self.meta.values())
