@@ -138,3 +138,15 @@ def test_planned_launches_match_and_check_shapes():
         assert rel_err(out, da.reference(q2, kc2, vc2, bt2, sl2)) < 1e-5
     with pytest.raises(ValueError, match="planned shapes"):
         plan(q[:1], kc, vc, bt[:1], sl[:1])
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+@pytest.mark.parametrize("page", [1, 16])
+def test_block_table_prefetch_either_way(prefetch, page):
+    """Requesting the next tile's page numbers a step ahead must not change the result."""
+    gen = torch.Generator().manual_seed(13 + page)
+    q, kc, vc, bt, sl = paged_case([1, 31, 100, 64], 2, 4, 32, page, torch.float32, gen)
+    plan = da.DecodeAttention(q, kc, vc, bt, sl, num_splits=2, block_n=32, prefetch=prefetch)
+    out = plan(q, kc, vc, bt, sl)
+    assert plan.meta["PREFETCH"] is prefetch
+    assert rel_err(out, da.reference(q, kc, vc, bt, sl)) < 1e-5
