@@ -131,7 +131,9 @@ def test_planned_launches_match_and_check_shapes():
     gen = torch.Generator().manual_seed(11)
     q, kc, vc, bt, sl = paged_case([30, 7], 2, 4, 32, 16, torch.float32, gen)
     plan = da.DecodeAttention(q, kc, vc, bt, sl, num_splits=2, block_n=16)
-    assert plan.second  # the combine is a second launch by default
+    assert plan.combine == "inline" and not plan.second  # few splits: combined inside the one launch
+    many = da.DecodeAttention(q, kc, vc, bt, sl, num_splits=16, block_n=16)
+    assert many.combine == "kernel" and many.second
     for _ in range(2):  # the first call compiles (or interprets), later ones launch directly on a GPU
         q2, kc2, vc2, bt2, sl2 = paged_case([30, 7], 2, 4, 32, 16, torch.float32, gen)
         out = plan(q2, kc2, vc2, bt2, sl2)

@@ -17,9 +17,10 @@ The kernel (chapter 3 explains it):
   so that B * H_kv * num_splits programs keep the SMs busy even for one request.
 - Each split keeps a running maximum and sum (online softmax, in base 2, fp32 accumulation) and writes
   its partial result; they are combined by log-sum-exp either by a second, small kernel with one
-  program per (request, query head) (``combine="kernel"``, the default), or inside the same launch by
-  the last split of a (request, KV head) to finish, found by an atomic counter that it then resets
-  (``combine="inline"``: one launch, but one program reads all the group's partials in turn).
+  program per (request, query head) (``combine="kernel"``), or inside the same launch by the last split
+  of a (request, KV head) to finish, found by an atomic counter that it then resets
+  (``combine="inline"``: one launch, but one program reads all the group's partials in turn). The
+  default, ``"auto"``, combines inline up to ``INLINE_MAX_SPLITS`` splits.
 
 Chapters: 3.
 """
@@ -35,6 +36,9 @@ import triton.language as tl
 
 LOG2E = 1.4426950408889634
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# combine="auto": up to this many splits the last split program combines them (one launch per call);
+# beyond it a second kernel does, in parallel (measured on the H200, chapter 3)
+INLINE_MAX_SPLITS = 8
 
 
 @triton.jit
@@ -241,18 +245,21 @@ class DecodeAttention:
     """
 
     def __init__(self, q, k_cache, v_cache, block_table, seq_lens, *, max_seq_len=None, scale=None,
-                 num_splits=None, block_n=64, num_warps=4, num_stages=3, combine="kernel", v_early=False, evict="",
+                 num_splits=None, block_n=64, num_warps=4, num_stages=3, combine="auto", v_early=False, evict="",
                  prefetch=None):
         _check(q, k_cache, v_cache, block_table, seq_lens)
         B, H_q, D = q.shape
         _, H_kv, page, _ = k_cache.shape
         max_len = max_seq_len if max_seq_len is not None else block_table.shape[1] * page
-        if combine not in ("kernel", "inline"):
-            raise ValueError(f"combine must be 'kernel' (a second, parallel launch) or 'inline' (the last split "
-                             f"program combines), got {combine!r}")
+        if combine not in ("auto", "kernel", "inline"):
+            raise ValueError(f"combine must be 'auto', 'kernel' (a second, parallel launch) or 'inline' (the last "
+                             f"split program combines), got {combine!r}")
         # an inline combine is serial in one program per group: fewer splits (see choose_splits)
         splits = num_splits or choose_splits(B * H_kv, max_len, block_n, _sm_count(q.device),
                                              group=H_q // H_kv if combine == "inline" else 1)
+        if combine == "auto":  # a serial combine of a few partials costs less than a second launch
+            combine = "inline" if splits <= INLINE_MAX_SPLITS else "kernel"
+        self.combine = combine
         if splits & (splits - 1):
             raise ValueError(f"num_splits must be a power of two, got {splits}")
         split_len = triton.cdiv(triton.cdiv(max_len, splits), block_n) * block_n
@@ -327,7 +334,7 @@ def decode_attention(
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 3,
-    combine: str = "kernel",
+    combine: str = "auto",
 ) -> torch.Tensor:
     """Attention of one query token per request over a paged KV cache; returns [B, H_q, d].
 
