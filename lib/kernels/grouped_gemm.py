@@ -1,0 +1,166 @@
+"""Grouped GEMM for mixture-of-experts layers: one persistent Triton launch for every expert's product.
+
+An MoE layer sends each token to some experts; sorted by expert, the tokens of expert e are rows
+``offsets[e] .. offsets[e+1] - 1`` of ``x`` [T, K], and the layer computes, for every expert,
+
+    y[offsets[e]:offsets[e+1]] = x[offsets[e]:offsets[e+1]] @ w[e]        (w: [E, K, N])
+
+Each expert is a GEMM of its own M (its token count, possibly 0) with the same K and N. The kernel
+schedules them by output tile, statically (chapter 4 explains it):
+
+- expert e has ceil(M_e / BLOCK_M) * ceil(N / BLOCK_N) output tiles; numbered one expert after
+  another, they form one range of tile ids 0 .. total - 1;
+- ``num_programs`` programs are launched (by default one per SM) and program p takes tiles p,
+  p + num_programs, p + 2 num_programs, ...: no global queue, no atomics;
+- every program computes the tile counts from ``offsets`` itself (a prefix sum over E values in
+  registers), so the token counts never travel to the host: one launch, no synchronization;
+- within an expert, consecutive tile ids walk down the rows of one column block of w[e], so programs
+  running side by side share the same weight tile in the L2;
+- every load and store is masked on M, N and K: any M (0 included), N and K, and strided inputs.
+
+Accumulation is in fp32; inputs fp16, bf16 or fp32. ``tile_schedule`` is the same schedule in plain
+Python (the seed's worked example).
+
+Chapters: 4.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@triton.jit
+def _grouped_gemm_kernel(
+    X, W, Y, OFFS,
+    E, N, K,
+    stride_xm, stride_xk, stride_we, stride_wk, stride_wn, stride_ym, stride_yn,
+    NUM_PROGRAMS: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    # the schedule, from the offsets alone: tiles of every expert and where each expert's tiles start
+    ee = tl.arange(0, BLOCK_E)
+    emask = ee < E
+    lo = tl.load(OFFS + ee, mask=emask, other=0)
+    hi = tl.load(OFFS + ee + 1, mask=emask, other=0)
+    count = tl.maximum(hi - lo, 0)
+    tiles_m = (count + BLOCK_M - 1) // BLOCK_M
+    tiles_n = (N + BLOCK_N - 1) // BLOCK_N
+    tiles = tiles_m * tiles_n
+    ends = tl.cumsum(tiles, 0)  # inclusive: the first tile id after expert e
+    total = tl.sum(tiles, 0)
+    ends = tl.where(emask, ends, total + 1)  # padding never counts as a finished expert
+
+    for tile in range(pid, total, NUM_PROGRAMS):
+        e = tl.sum((ends <= tile).to(tl.int32), 0)  # experts wholly before this tile; empty ones included
+        sel = ee == e
+        t = tile - (tl.sum(tl.where(sel, ends, 0), 0) - tl.sum(tl.where(sel, tiles, 0), 0))
+        tm_count = tl.sum(tl.where(sel, tiles_m, 0), 0)
+        row0 = tl.sum(tl.where(sel, lo, 0), 0)
+        row1 = tl.sum(tl.where(sel, hi, 0), 0)
+        tm = t % tm_count  # rows fastest: neighbouring tiles share w[e]'s column block
+        tn = t // tm_count
+
+        rows = row0 + tm * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
+        rmask = rows < row1
+        cmask = cols < N
+        x_ptr = X + rows.to(tl.int64)[:, None] * stride_xm
+        w_ptr = W + e.to(tl.int64) * stride_we + cols.to(tl.int64)[None, :] * stride_wn
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            kmask = kk < K
+            a = tl.load(x_ptr + kk[None, :] * stride_xk, mask=rmask[:, None] & kmask[None, :], other=0.0)
+            b = tl.load(w_ptr + kk.to(tl.int64)[:, None] * stride_wk, mask=kmask[:, None] & cmask[None, :], other=0.0)
+            acc = tl.dot(a, b, acc)
+        y_ptr = Y + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :] * stride_yn
+        tl.store(y_ptr, acc.to(Y.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def _check(x, w, offsets, out):
+    if x.dim() != 2 or w.dim() != 3:
+        raise ValueError(f"expected x [T, K] and w [E, K, N]; got x {tuple(x.shape)}, w {tuple(w.shape)}")
+    T, K = x.shape
+    E, Kw, N = w.shape
+    if Kw != K:
+        raise ValueError(f"x has K={K} columns but w [E, K, N] has K={Kw}: pass w as [E, K, N] (a transposed view "
+                         f"of an [E, N, K] weight works)")
+    if x.dtype not in DTYPES or w.dtype != x.dtype:
+        raise TypeError(f"x and w must share one of {DTYPES}; got {x.dtype} and {w.dtype}")
+    if offsets.dtype != torch.int32 or offsets.shape != (E + 1,):
+        raise ValueError(f"offsets must be int32 of shape [E + 1] = [{E + 1}] (expert e owns rows offsets[e] to "
+                         f"offsets[e+1] - 1); got {offsets.dtype} {tuple(offsets.shape)}")
+    if offsets.device != x.device or w.device != x.device:
+        raise ValueError("x, w and offsets must be on one device")
+    if out is not None and (out.shape != (T, N) or out.dtype != x.dtype or out.device != x.device):
+        raise ValueError(f"out must be [{T}, {N}] {x.dtype} on {x.device}; got {tuple(out.shape)} {out.dtype}")
+    if offsets.device.type == "cpu" and E:
+        if int(offsets[0]) < 0 or int(offsets[-1]) > T or bool((offsets[1:] < offsets[:-1]).any()):
+            raise ValueError(f"offsets must be non-decreasing within [0, T={T}]; got {offsets.tolist()}")
+
+
+def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
+                 num_programs: int | None = None, block_m: int = 64, block_n: int = 128, block_k: int = 64,
+                 num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
+    """y[offsets[e]:offsets[e+1]] = x[offsets[e]:offsets[e+1]] @ w[e] for every expert e, in one launch.
+
+    x: [T, K] (tokens sorted by expert), w: [E, K, N], offsets: int32 [E + 1], non-decreasing, within
+    [0, T] (checked when on the CPU; on the GPU checking would cost a synchronization). Rows of ``out``
+    that no expert owns are left as they were (``out`` defaults to zeros then). Returns [T, N].
+    """
+    _check(x, w, offsets, out)
+    T, K = x.shape
+    E, _, N = w.shape
+    if out is None:
+        out = torch.zeros(T, N, device=x.device, dtype=x.dtype)
+    if E == 0 or T == 0 or N == 0:
+        return out
+    programs = num_programs or _sm_count(x.device)
+    if programs < 1:
+        raise ValueError(f"num_programs must be at least 1, got {programs}")
+    _grouped_gemm_kernel[(programs,)](
+        x, w, out, offsets, E, N, K,
+        x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
+        NUM_PROGRAMS=programs, BLOCK_E=max(16, triton.next_power_of_2(E)),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
+    )
+    return out
+
+
+def reference(x, w, offsets, dtype=torch.float32):
+    """Expert by expert in ``dtype``; rows no expert owns are zero."""
+    T, _ = x.shape
+    E, _, N = w.shape
+    y = torch.zeros(T, N, dtype=dtype, device=x.device)
+    for e in range(E):
+        a, b = int(offsets[e]), int(offsets[e + 1])
+        if b > a:
+            y[a:b] = x[a:b].to(dtype) @ w[e].to(dtype)
+    return y
+
+
+def tile_schedule(Ms, N: int, block_m: int, block_n: int, workers: int) -> list[dict]:
+    """The kernel's static schedule in plain Python: one row per output tile, with its problem, tile
+    coordinates, the worker (program) that computes it and in which of that worker's rounds."""
+    rows, tile = [], 0
+    for p, M in enumerate(Ms):
+        tm_count, tn_count = -(-M // block_m), -(-N // block_n)
+        for t in range(tm_count * tn_count):
+            rows.append({"tile": tile, "problem": p, "tm": t % tm_count, "tn": t // tm_count,
+                         "worker": tile % workers, "round": tile // workers})
+            tile += 1
+    return rows

@@ -1,0 +1,120 @@
+"""lib.kernels.grouped_gemm against a float32 reference, in Triton's interpreter on the CPU.
+
+Fresh random inputs; M, N, K at tile - 1, tile + 1, 1 and 0; empty experts (all of them, and between
+non-empty ones); leading dimensions that are not multiples of 16; a guard region after every output; a
+small number of programs so that each loops over several tiles. fp16 and fp32 here (the interpreter
+computes bf16 wrongly); bf16 at full size is checked on the GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lib.kernels import grouped_gemm as gg
+
+BM, BN, BK = 16, 32, 16
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
+
+
+def case(Ms, K, N, dtype, gen, pad_k=0, pad_n=0, w_nk=False):
+    """Tokens sorted by expert, with rows and weights stored in padded (non-multiple-of-16) strides."""
+    T = sum(Ms)
+    xbuf = torch.randn(T, K + pad_k, generator=gen).to(dtype)
+    x = xbuf[:, :K]
+    if w_nk:  # a weight stored [E, N, K], used through a transposed view
+        w = torch.randn(len(Ms), N, K + pad_k, generator=gen).to(dtype)[:, :, :K].transpose(1, 2)
+    else:
+        w = torch.randn(len(Ms), K, N + pad_n, generator=gen).to(dtype)[:, :, :N]
+    offsets = torch.tensor([0] + list(torch.tensor(Ms).cumsum(0).tolist()) if Ms else [0], dtype=torch.int32)
+    return x, w, offsets
+
+
+def run_guarded(x, w, offsets, **kw):
+    """Output in a NaN-poisoned buffer with a guard column block after each row and guard rows after it."""
+    T, N = x.shape[0], w.shape[2]
+    buf = torch.full((T + 2, N + 5), float("nan"), dtype=x.dtype)
+    out = buf[:T, :N]
+    out.zero_()
+    gg.grouped_gemm(x, w, offsets, out=out, block_m=BM, block_n=BN, block_k=BK, **kw)
+    assert torch.isnan(buf[:, N:]).all() and torch.isnan(buf[T:]).all(), "wrote outside the output"
+    assert not torch.isnan(out).any()
+    return out
+
+
+def rel_err(out, ref):
+    if ref.numel() == 0:
+        return 0.0
+    return ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("Ms,K,N", [
+    ([BM - 1, BM + 1, 1], BK - 1, BN + 1),        # tails everywhere
+    ([BM + 1, 0, 2 * BM - 1], BK + 1, BN - 1),    # an empty expert between non-empty ones
+    ([0, 0, 5, 0], 2 * BK + 3, 1),                # empties around one expert, N = 1
+    ([1, 1, 1, 1, 1, 1, 1], 1, BN),               # K = 1, many one-token experts
+    ([3 * BM, BM], 3 * BK, 2 * BN + 7),           # several tiles per expert in both directions
+])
+def test_matches_reference(Ms, K, N, dtype):
+    gen = torch.Generator().manual_seed(sum(Ms) * 31 + K * 7 + N)
+    x, w, offsets = case(Ms, K, N, dtype, gen, pad_k=3, pad_n=5)
+    out = run_guarded(x, w, offsets, num_programs=3)  # few programs: each loops over several tiles
+    assert rel_err(out, gg.reference(x, w, offsets)) < TOL[dtype]
+
+
+def test_weights_as_a_transposed_view():
+    gen = torch.Generator().manual_seed(2)
+    x, w, offsets = case([20, 7], 40, 33, torch.float32, gen, pad_k=1, w_nk=True)
+    assert not w.is_contiguous()
+    out = run_guarded(x, w, offsets, num_programs=2)
+    assert rel_err(out, gg.reference(x, w, offsets)) < 1e-5
+
+
+def test_empty_problems():
+    gen = torch.Generator().manual_seed(3)
+    x, w, offsets = case([0, 0, 0], 16, 32, torch.float32, gen)  # every expert empty: T = 0
+    assert gg.grouped_gemm(x, w, offsets).shape == (0, 32)
+    x, w, offsets = case([4, 4], 0, 8, torch.float32, gen)  # K = 0: an empty sum
+    assert torch.equal(run_guarded(x, w, offsets, num_programs=2), torch.zeros(8, 8))
+    x, w, offsets = case([4, 4], 8, 0, torch.float32, gen)  # N = 0
+    assert gg.grouped_gemm(x, w, offsets).shape == (8, 0)
+    x = torch.randn(3, 16, generator=gen)  # rows, but every expert empty: the kernel runs no tile
+    out = run_guarded(x, torch.randn(2, 16, 8, generator=gen), torch.zeros(3, dtype=torch.int32), num_programs=2)
+    assert torch.equal(out, torch.zeros(3, 8))
+
+
+def test_rows_no_expert_owns_are_left_alone():
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(10, 16, generator=gen)
+    w = torch.randn(2, 16, 8, generator=gen)
+    offsets = torch.tensor([2, 5, 7], dtype=torch.int32)  # rows 0-1 and 7-9 belong to nobody
+    out = torch.full((10, 8), 7.0)
+    gg.grouped_gemm(x, w, offsets, out=out, block_m=BM, block_n=BN, block_k=BK, num_programs=1)
+    assert torch.equal(out[:2], torch.full((2, 8), 7.0)) and torch.equal(out[7:], torch.full((3, 8), 7.0))
+    assert rel_err(out[2:7], gg.reference(x, w, offsets)[2:7]) < 1e-5
+
+
+def test_tile_schedule_of_the_seed():
+    """Seed: A (64, 128, 256) and B (192, 128, 256), 64x64 tiles: 2 + 6 = 8 tiles; 4 workers take 0-3, then 4-7."""
+    rows = gg.tile_schedule([64, 192], 128, 64, 64, workers=4)
+    assert len(rows) == 8
+    assert [r["problem"] for r in rows] == [0, 0, 1, 1, 1, 1, 1, 1]
+    assert [r["worker"] for r in rows] == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert [r["round"] for r in rows] == [0] * 4 + [1] * 4
+    assert {(r["tm"], r["tn"]) for r in rows if r["problem"] == 1} == {(m, n) for m in range(3) for n in range(2)}
+
+
+def test_bad_input_is_rejected():
+    gen = torch.Generator().manual_seed(5)
+    x, w, offsets = case([3, 4], 16, 8, torch.float32, gen)
+    with pytest.raises(ValueError, match="K=16 columns"):
+        gg.grouped_gemm(x, w.transpose(1, 2), offsets)
+    with pytest.raises(TypeError, match="share one of"):
+        gg.grouped_gemm(x.half(), w, offsets)
+    with pytest.raises(ValueError, match="int32 of shape"):
+        gg.grouped_gemm(x, w, offsets.long())
+    with pytest.raises(ValueError, match="non-decreasing"):
+        gg.grouped_gemm(x, w, torch.tensor([0, 5, 3], dtype=torch.int32))
+    with pytest.raises(ValueError, match="out must be"):
+        gg.grouped_gemm(x, w, offsets, out=torch.empty(7, 9))
