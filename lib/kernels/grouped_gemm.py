@@ -114,13 +114,15 @@ def _check(x, w, offsets, out):
 
 
 def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
-                 num_programs: int | None = None, block_m: int = 64, block_n: int = 128, block_k: int = 64,
-                 num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
+                 num_programs: int | None = None, block_m: int = 128, block_n: int = 256, block_k: int = 64,
+                 num_warps: int = 8, num_stages: int = 3) -> torch.Tensor:
     """y[offsets[e]:offsets[e+1]] = x[offsets[e]:offsets[e+1]] @ w[e] for every expert e, in one launch.
 
     x: [T, K] (tokens sorted by expert), w: [E, K, N], offsets: int32 [E + 1], non-decreasing, within
     [0, T] (checked when on the CPU; on the GPU checking would cost a synchronization). Rows of ``out``
     that no expert owns are left as they were (``out`` defaults to zeros then). Returns [T, N].
+    The default tile, 128 x 256 x 64 with 8 warps, was the fastest of five in 10 of 12 MoE cases on the
+    H200 (``results/nvidia-h200/tuning/grouped-gemm-first-look.json``).
     """
     _check(x, w, offsets, out)
     T, K = x.shape
