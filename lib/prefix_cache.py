@@ -1,0 +1,156 @@
+"""A prefix cache over a paged KV pool: exact reuse of the KV of a shared token prefix.
+
+Keys. Only full blocks are cached. Block i of a request has the key
+
+    key_i = sha256(key_{i-1} | extra | tokens of block i)
+
+chained from the first block, so a key names the whole prefix up to the end of its block, not only the
+block's own tokens: two requests share block i only if they agree on every token before it. ``extra``
+holds what else decides the KV besides the tokens: the weights version, an adapter, the tenant's salt.
+Any difference there gives different keys, and nothing is reused.
+
+Lookup walks the chain from the first block and stops at the first key not cached: the longest cached
+prefix, in whole blocks. The map from key to block is a hash map (as in vLLM); a radix tree over tokens
+finds the same prefixes and can share partial blocks, at the price of splitting nodes.
+
+Lifetimes. A request holds a reference on every block it uses. When it finishes, its blocks lose that
+reference; a block nobody holds stays in the pool with its content, evictable, as long as it is cached;
+an uncached one is freed at once. When an allocation needs more blocks than are free, evictable blocks
+are evicted: the least recently released first (``policy="lru"``) or the first cached first
+(``policy="fifo"``). A finished request's blocks are released tail first, so a prefix's last blocks go
+before its first ones and what stays cached is still a prefix.
+
+Chapters: 5.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from lib.kv_pool import KVPool, PoolExhausted
+
+
+def block_keys(tokens, block_size: int, extra=()) -> list[bytes]:
+    """The chained keys of the full blocks of ``tokens``."""
+    salt = repr(tuple(extra)).encode()
+    keys, parent = [], b""
+    for i in range(len(tokens) // block_size):
+        chunk = tokens[i * block_size:(i + 1) * block_size]
+        h = hashlib.sha256(parent)
+        h.update(salt)
+        h.update(b"|")
+        h.update(",".join(str(int(t)) for t in chunk).encode())
+        parent = h.digest()
+        keys.append(parent)
+    return keys
+
+
+@dataclass
+class Lease:
+    """The blocks one request holds, in order, and how many of its tokens came from the cache."""
+
+    tokens: list
+    extra: tuple
+    blocks: list[int]
+    hit_tokens: int
+    committed: int = 0  # leading blocks whose keys are registered
+    keys: list[bytes] = field(default_factory=list)
+    released: bool = False
+
+
+class PrefixCache:
+    def __init__(self, pool: KVPool, policy: str = "lru"):
+        if policy not in ("lru", "fifo"):
+            raise ValueError(f"policy must be 'lru' or 'fifo', got {policy!r}")
+        self.pool, self.policy = pool, policy
+        self.block_of: dict[bytes, int] = {}  # key -> block
+        self.key_of: dict[int, bytes] = {}  # block -> key
+        self.evictable: OrderedDict[int, None] = OrderedDict()
+        self.cached_order: dict[int, int] = {}  # block -> when it was first cached (fifo)
+        self._clock = 0
+        self.lookup_tokens = 0
+        self.hit_tokens = 0
+
+    # ------------------------------------------------------------------ lookup
+    def lookup(self, tokens, extra=()) -> list[int]:
+        """Blocks of the longest cached prefix of ``tokens`` (whole blocks), without taking them."""
+        out = []
+        for key in block_keys(tokens, self.pool.block_size, extra):
+            b = self.block_of.get(key)
+            if b is None:
+                break
+            out.append(b)
+        return out
+
+    # ------------------------------------------------------------------ a request's life
+    def acquire(self, tokens, extra=()) -> Lease:
+        """Take the cached prefix of ``tokens`` and allocate blocks for the rest (evicting if needed).
+
+        All or nothing: if the pool cannot hold the request, ``PoolExhausted`` is raised and nothing
+        changes. At least one token is always left to compute, so a fully cached prompt still yields logits.
+        """
+        tokens = list(tokens)
+        extra = tuple(extra)
+        bs = self.pool.block_size
+        hits = self.lookup(tokens, extra)
+        if hits and len(hits) * bs >= len(tokens):  # keep the last token to compute
+            hits = hits[:-1]
+        need = self.pool.blocks_for(len(tokens)) - len(hits)
+        evictable_after = len(self.evictable) - sum(1 for b in hits if b in self.evictable)
+        if need > self.pool.free_count + evictable_after:
+            raise PoolExhausted(
+                f"a request of {len(tokens)} tokens needs {need} new blocks; {self.pool.free_count} are free and "
+                f"{evictable_after} evictable of {self.pool.num_blocks}: release requests or make the pool bigger")
+        for b in hits:  # take the hits first, so that eviction cannot take them
+            self.evictable.pop(b, None)
+            self.pool.incref([b])
+        if need > self.pool.free_count:
+            self._evict(need - self.pool.free_count)
+        blocks = hits + self.pool.allocate(need)
+        keys = block_keys(tokens, bs, extra)
+        self.lookup_tokens += len(tokens)
+        self.hit_tokens += len(hits) * bs
+        return Lease(tokens, extra, blocks, len(hits) * bs, committed=len(hits), keys=keys)
+
+    def commit(self, lease: Lease) -> None:
+        """Register the request's full blocks (their KV now computed) under their keys."""
+        for i in range(lease.committed, len(lease.keys)):
+            key, b = lease.keys[i], lease.blocks[i]
+            if key in self.block_of:  # computed twice (two requests raced): keep the first copy
+                continue
+            self.block_of[key] = b
+            self.key_of[b] = key
+            self._clock += 1
+            self.cached_order[b] = self._clock
+        lease.committed = len(lease.keys)
+
+    def release(self, lease: Lease) -> None:
+        """The request is done: drop its references, tail first."""
+        if lease.released:
+            raise ValueError("this lease was released already")
+        lease.released = True
+        for b in reversed(lease.blocks):
+            if self.pool.decref([b]):
+                if b in self.key_of:
+                    self.evictable[b] = None  # most recent at the end
+                else:
+                    self.pool.free([b])
+
+    # ------------------------------------------------------------------ eviction
+    def _evict(self, n: int) -> None:
+        for _ in range(n):
+            if self.policy == "lru":
+                b, _ = self.evictable.popitem(last=False)
+            else:
+                b = min(self.evictable, key=self.cached_order.__getitem__)
+                del self.evictable[b]
+            key = self.key_of.pop(b)
+            del self.block_of[key]
+            del self.cached_order[b]
+            self.pool.free([b])
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.lookup_tokens if self.lookup_tokens else 0.0
