@@ -1,0 +1,127 @@
+"""A small Llama-style decoder with random weights, whose prefill reads and writes a paged KV pool.
+
+RMSNorm, rotary position embeddings (RoPE), grouped-query attention and a SwiGLU MLP, as in Llama; the
+weights are drawn from a fixed seed (nothing is downloaded), so logits mean nothing but are exactly
+reproducible. ``prefill`` computes only the tokens from ``start`` on: the K and V of positions before
+``start`` must already be in the request's blocks of the pool (a prefix-cache hit), and the new tokens'
+K and V are written there. With ``start = 0`` it is an ordinary prefill; with one new token, a decode
+step.
+
+Sizes: ``CONFIGS["tiny"]`` runs on a CPU in milliseconds; ``CONFIGS["1b"]`` has about 1.1 billion
+parameters for timings on a GPU.
+
+Chapters: 5.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from lib.kv_pool import KVPool
+
+
+@dataclass(frozen=True)
+class Config:
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    mlp: int
+    rope_theta: float = 10000.0
+    eps: float = 1e-5
+
+    def params(self) -> int:
+        attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+        return self.layers * (attn + 3 * self.hidden * self.mlp + 2 * self.hidden) + 2 * self.vocab * self.hidden + self.hidden
+
+    def flops_per_token(self, context: int) -> float:
+        """Forward FLOPs of one token: 2 per weight of the layers and the head, plus attention over ``context``
+        earlier tokens (scores and weighted sum: 4 context head_dim per query head and layer)."""
+        weights = self.params() - self.vocab * self.hidden - (2 * self.layers + 1) * self.hidden
+        return 2 * weights + 4 * self.layers * self.heads * self.head_dim * context
+
+
+CONFIGS = {
+    "tiny": Config(vocab=97, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, mlp=128),
+    "1b": Config(vocab=32000, hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64, mlp=8192),
+}
+
+
+class TinyLlama:
+    def __init__(self, cfg: Config, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu"):
+        if cfg.heads % cfg.kv_heads:
+            raise ValueError(f"heads ({cfg.heads}) must be a multiple of kv_heads ({cfg.kv_heads})")
+        self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+
+        def w(*shape, std=0.02):
+            return (torch.randn(*shape, generator=gen) * std).to(dtype=dtype, device=device)
+
+        H, D = cfg.hidden, cfg.head_dim
+        self.embed = w(cfg.vocab, H, std=1.0)
+        self.layers = [{
+            "attn_norm": torch.ones(H, dtype=dtype, device=device),
+            "wq": w(H, cfg.heads * D), "wk": w(H, cfg.kv_heads * D), "wv": w(H, cfg.kv_heads * D),
+            "wo": w(cfg.heads * D, H),
+            "mlp_norm": torch.ones(H, dtype=dtype, device=device),
+            "wg": w(H, cfg.mlp), "wu": w(H, cfg.mlp), "wd": w(cfg.mlp, H),
+        } for _ in range(cfg.layers)]
+        self.norm = torch.ones(H, dtype=dtype, device=device)
+        self.head = w(H, cfg.vocab)
+        inv = 1.0 / cfg.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+        self._inv_freq = inv.to(device)
+
+    def new_pool(self, num_blocks: int, block_size: int) -> KVPool:
+        c = self.cfg
+        return KVPool(num_blocks, block_size, layers=c.layers, kv_heads=c.kv_heads, head_dim=c.head_dim,
+                      dtype=self.dtype, device=self.device)
+
+    def _rope(self, x, pos):
+        """Rotate pairs (x[..., :D/2], x[..., D/2:]) by position-dependent angles; x: [m, heads, D]."""
+        ang = pos.to(torch.float64)[:, None] * self._inv_freq[None, :]
+        cos, sin = ang.cos().to(x.dtype)[:, None, :], ang.sin().to(x.dtype)[:, None, :]
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+    def _norm(self, x, weight):
+        return F.rms_norm(x, (x.shape[-1],), weight, self.cfg.eps)
+
+    @torch.no_grad()
+    def prefill(self, tokens, pool: KVPool, blocks: list[int], start: int = 0) -> torch.Tensor:
+        """Logits [n - start, vocab] of tokens[start:]; K/V of positions < start are read from the pool."""
+        c = self.cfg
+        n = len(tokens)
+        bs = pool.block_size
+        if not 0 <= start < n:
+            raise ValueError(f"start must be in [0, {n}) for {n} tokens, got {start}")
+        if len(blocks) < -(-n // bs):
+            raise ValueError(f"{n} tokens need {-(-n // bs)} blocks of {bs}, got {len(blocks)}")
+        ids = torch.as_tensor(tokens, device=self.device)
+        pos = torch.arange(start, n, device=self.device)
+        blk = torch.as_tensor(blocks, device=self.device)
+        slot_blocks, slots = blk[pos // bs], pos % bs
+        allpos_blocks = blk[: -(-n // bs)]
+        causal = pos[:, None] >= torch.arange(n, device=self.device)[None, :]  # [m, n]
+        x = self.embed[ids[start:]]
+        G = c.heads // c.kv_heads
+        for li, L in enumerate(self.layers):
+            h = self._norm(x, L["attn_norm"])
+            q = self._rope((h @ L["wq"]).view(-1, c.heads, c.head_dim), pos)
+            k = self._rope((h @ L["wk"]).view(-1, c.kv_heads, c.head_dim), pos)
+            v = (h @ L["wv"]).view(-1, c.kv_heads, c.head_dim)
+            pool.k[li, slot_blocks, :, slots] = k
+            pool.v[li, slot_blocks, :, slots] = v
+            K = pool.k[li, allpos_blocks].permute(1, 0, 2, 3).reshape(c.kv_heads, -1, c.head_dim)[:, :n]
+            V = pool.v[li, allpos_blocks].permute(1, 0, 2, 3).reshape(c.kv_heads, -1, c.head_dim)[:, :n]
+            o = F.scaled_dot_product_attention(q.transpose(0, 1), K.repeat_interleave(G, 0), V.repeat_interleave(G, 0),
+                                               attn_mask=causal)
+            x = x + o.transpose(0, 1).reshape(-1, c.heads * c.head_dim) @ L["wo"]
+            h = self._norm(x, L["mlp_norm"])
+            x = x + (F.silu(h @ L["wg"]) * (h @ L["wu"])) @ L["wd"]
+        return self._norm(x, self.norm) @ self.head

@@ -1,0 +1,62 @@
+"""lib.model: prefill after a cached prefix gives the logits of a full recompute (float32, CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lib.model import CONFIGS, TinyLlama
+from lib.prefix_cache import PrefixCache
+
+
+@pytest.fixture(scope="module")
+def model():
+    return TinyLlama(CONFIGS["tiny"], seed=0)
+
+
+def test_same_seed_same_weights():
+    a, b = TinyLlama(CONFIGS["tiny"], seed=3), TinyLlama(CONFIGS["tiny"], seed=3)
+    assert torch.equal(a.head, b.head) and not torch.equal(a.head, TinyLlama(CONFIGS["tiny"], seed=4).head)
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+@pytest.mark.parametrize("n,start", [(9, 4), (37, 16), (37, 1), (40, 32)])
+def test_prefill_after_a_prefix_matches_full_recompute(model, block_size, n, start):
+    gen = torch.Generator().manual_seed(n * 100 + start)
+    tokens = torch.randint(0, model.cfg.vocab, (n,), generator=gen).tolist()
+    pool = model.new_pool(64, block_size)
+    blocks = pool.allocate(pool.blocks_for(n))
+    full = model.prefill(tokens, pool, blocks, 0)
+    other = model.new_pool(64, block_size)
+    blocks2 = other.allocate(other.blocks_for(n))
+    model.prefill(tokens[:start], other, blocks2, 0)  # the prefix, computed alone
+    tail = model.prefill(tokens, other, blocks2, start)  # then only the rest
+    assert torch.allclose(tail, full[start:], rtol=1e-5, atol=1e-5), (tail - full[start:]).abs().max()
+
+
+def test_reuse_through_the_prefix_cache(model):
+    """A second request with the same system prompt computes only its own tokens and gets the same logits."""
+    bs = 4
+    pool = model.new_pool(32, bs)
+    cache = PrefixCache(pool)
+    system = list(range(10, 30))  # 20 tokens: 5 full blocks
+    first = cache.acquire(system + [1, 2, 3])
+    model.prefill(first.tokens, pool, first.blocks, first.hit_tokens)
+    cache.commit(first)
+    cache.release(first)
+    second = cache.acquire(system + [7, 8, 9, 10, 11])
+    assert second.hit_tokens == 20
+    reused = model.prefill(second.tokens, pool, second.blocks, second.hit_tokens)
+    fresh_pool = model.new_pool(32, bs)
+    fresh = model.prefill(second.tokens, fresh_pool, fresh_pool.allocate(7), 0)
+    assert torch.allclose(reused, fresh[20:], rtol=1e-5, atol=1e-5)
+
+
+def test_sizes_and_bad_input(model):
+    assert 1.0e9 < CONFIGS["1b"].params() < 1.3e9
+    assert CONFIGS["1b"].flops_per_token(0) < CONFIGS["1b"].flops_per_token(1000)
+    pool = model.new_pool(4, 4)
+    with pytest.raises(ValueError, match="need 3 blocks"):
+        model.prefill(list(range(10)), pool, pool.allocate(2), 0)
+    with pytest.raises(ValueError, match="start must be"):
+        model.prefill([1, 2], pool, [0, 1], 2)
