@@ -72,6 +72,7 @@ class PrefixCache:
         self._clock = 0
         self.lookup_tokens = 0
         self.hit_tokens = 0
+        self.evictions = 0
 
     # ------------------------------------------------------------------ lookup
     def lookup(self, tokens, extra=()) -> list[int]:
@@ -150,7 +151,31 @@ class PrefixCache:
             del self.block_of[key]
             del self.cached_order[b]
             self.pool.free([b])
+            self.evictions += 1
 
     @property
     def hit_rate(self) -> float:
         return self.hit_tokens / self.lookup_tokens if self.lookup_tokens else 0.0
+
+
+def replay(prompts, num_blocks: int, block_size: int, *, policy: str = "lru", live: int = 1, extra=()) -> dict:
+    """Run ``prompts`` (token lists) through a cache of ``num_blocks`` blocks, in order, keeping the last
+    ``live`` requests referenced (running) while the next one arrives. Returns token hit rate, hits,
+    lookups, requests turned away because pinned blocks left no room, and evictions."""
+    from lib.kv_pool import KVPool
+
+    pool = KVPool(num_blocks, block_size, storage=False)
+    cache = PrefixCache(pool, policy)
+    running, rejected = [], 0
+    for tokens in prompts:
+        try:
+            lease = cache.acquire(tokens, extra)
+        except PoolExhausted:
+            rejected += 1
+            continue
+        cache.commit(lease)  # its KV is computed
+        running.append(lease)
+        while len(running) > max(0, live - 1):
+            cache.release(running.pop(0))
+    return {"hit_rate": cache.hit_rate, "hit_tokens": cache.hit_tokens, "lookup_tokens": cache.lookup_tokens,
+            "rejected": rejected, "evictions": cache.evictions}

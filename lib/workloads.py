@@ -1,0 +1,47 @@
+"""Seeded, reproducible request workloads.
+
+``shared_prefix_prompts``: prompts as token lists that share prefixes the way serving traffic does: chat
+requests start with one of a few system prompts (some far more popular than others) followed by the
+user's own tokens; multi-document requests concatenate documents drawn from a small library and end
+with a question. Nothing but the seed decides the tokens.
+
+Chapters: 5 (prefix caching); 6 uses the same seeds for its arrivals.
+"""
+
+from __future__ import annotations
+
+import random
+
+
+def _zipf_weights(n: int, s: float) -> list[float]:
+    return [1.0 / (i + 1) ** s for i in range(n)]
+
+
+def shared_prefix_prompts(n: int, *, seed: int = 0, vocab: int = 32000, system_prompts: int = 4,
+                          system_len: tuple[int, int] = (256, 1024), user_len: tuple[int, int] = (16, 256),
+                          doc_share: float = 0.3, docs: int = 16, doc_len: tuple[int, int] = (512, 2048),
+                          docs_per_request: tuple[int, int] = (1, 3), popularity: float = 1.0) -> list[dict]:
+    """``n`` prompts, each {"kind": "chat" | "docs", "tokens": [...], "prefix": id of its shared part}.
+
+    Popularity of system prompts and documents follows a Zipf law of exponent ``popularity``."""
+    if n < 0 or not 0 <= doc_share <= 1 or system_prompts < 1 or docs < 1:
+        raise ValueError("n >= 0, 0 <= doc_share <= 1, system_prompts >= 1 and docs >= 1 are required")
+    rng = random.Random(seed)
+
+    def toks(k):
+        return [rng.randrange(vocab) for _ in range(k)]
+
+    systems = [toks(rng.randint(*system_len)) for _ in range(system_prompts)]
+    library = [toks(rng.randint(*doc_len)) for _ in range(docs)]
+    w_sys, w_doc = _zipf_weights(system_prompts, popularity), _zipf_weights(docs, popularity)
+    out = []
+    for _ in range(n):
+        if rng.random() < doc_share:
+            k = rng.randint(*docs_per_request)
+            picked = rng.choices(range(docs), weights=w_doc, k=k)
+            tokens = [t for d in picked for t in library[d]] + toks(rng.randint(*user_len))
+            out.append({"kind": "docs", "tokens": tokens, "prefix": ("docs", *picked)})
+        else:
+            s = rng.choices(range(system_prompts), weights=w_sys)[0]
+            out.append({"kind": "chat", "tokens": systems[s] + toks(rng.randint(*user_len)), "prefix": ("system", s)})
+    return out
