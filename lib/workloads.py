@@ -45,3 +45,52 @@ def shared_prefix_prompts(n: int, *, seed: int = 0, vocab: int = 32000, system_p
             s = rng.choices(range(system_prompts), weights=w_sys)[0]
             out.append({"kind": "chat", "tokens": systems[s] + toks(rng.randint(*user_len)), "prefix": ("system", s)})
     return out
+
+
+def arrival_times(n: int, rate: float, *, process: str = "poisson", cv: float = 1.0, seed: int = 0) -> list[float]:
+    """``n`` arrival times (seconds) at ``rate`` requests per second: a Poisson process, or bursty
+    (``process="gamma"``: gamma-distributed gaps with coefficient of variation ``cv`` > 1)."""
+    if n < 0 or rate <= 0 or cv <= 0:
+        raise ValueError(f"need n >= 0, rate > 0 and cv > 0; got n={n}, rate={rate}, cv={cv}")
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        if process == "poisson":
+            gap = rng.expovariate(rate)
+        elif process == "gamma":
+            shape = 1.0 / cv**2
+            gap = rng.gammavariate(shape, 1.0 / (rate * shape))
+        else:
+            raise ValueError(f"process must be 'poisson' or 'gamma', got {process!r}")
+        t += gap
+        out.append(t)
+    return out
+
+
+# input and output lengths in tokens: log-normal (median, sigma), clipped to [low, high]
+CHAT = {"input": (600, 0.8, 16, 4096), "output": (200, 0.7, 4, 1024)}
+LONG_DOC = {"input": (8000, 0.5, 2048, 32768), "output": (300, 0.6, 16, 1024)}
+
+
+def _lognormal(rng, spec):
+    median, sigma, low, high = spec
+    import math
+
+    return int(min(high, max(low, round(rng.lognormvariate(math.log(median), sigma)))))
+
+
+def requests(n: int, rate: float, *, mix=(("chat", CHAT, 1.0),), process: str = "poisson", cv: float = 1.0,
+             seed: int = 0) -> list[dict]:
+    """``n`` requests {"id", "arrival", "kind", "input", "output"} arriving at ``rate`` per second, of the
+    kinds in ``mix`` ((name, lengths, share), ...), lengths drawn per kind."""
+    times = arrival_times(n, rate, process=process, cv=cv, seed=seed)
+    rng = random.Random(seed + 1)
+    names = [m[0] for m in mix]
+    shares = [m[2] for m in mix]
+    specs = {m[0]: m[1] for m in mix}
+    out = []
+    for i, t in enumerate(times):
+        kind = rng.choices(names, weights=shares)[0]
+        out.append({"id": i, "arrival": t, "kind": kind, "input": _lognormal(rng, specs[kind]["input"]),
+                    "output": _lognormal(rng, specs[kind]["output"])})
+    return out

@@ -1,0 +1,314 @@
+"""A discrete-event simulator of one LLM serving engine: queues, a batching policy, a cost per step.
+
+The engine runs in steps. A step takes some new prompt tokens (prefill, possibly a chunk of a prompt)
+and one new token for each running request past its prefill (decode), and lasts what the cost model
+says. Requests arrive on their own clock and wait in a queue until the policy admits them.
+
+Policies (``Policy.kind``):
+
+- ``static``: wait for ``max_batch`` requests (or the last arrivals), run them to completion together;
+  arrivals in between wait for the whole batch to finish.
+- ``dynamic``: the same, but a batch also starts once its oldest request has waited ``max_wait`` s.
+- ``continuous``: every step, finished requests leave and queued ones join while fewer than
+  ``max_running`` run and the step's prompt tokens stay within ``token_budget``:
+  B_{t+1} = (B_t minus F_t) plus A_t. With ``chunk`` set, a long prompt is prefilled ``chunk`` tokens per
+  step (chunked prefill) instead of in one step.
+- Buckets (continuous only): ``buckets`` splits the queue by prompt length, each bucket with a priority
+  and its own limit of running requests, so that long documents cannot crowd out short chats.
+
+A KV capacity (tokens) bounds what running requests may hold; a request is admitted only if its prompt
+and what it has generated fit, and when decode would overflow it, the most recently admitted request is
+pre-empted: its KV is dropped and it re-enters the queue to be prefilled again.
+
+Metrics follow serving benchmarks: TTFT (arrival to first token), TPOT = (E2E - TTFT) / (output - 1),
+inter-token latencies, E2E, and output tokens per second; per request, the time queued, in prefill and
+in decode.
+
+Chapters: 6.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from lib import costs
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds per engine step from what the step does.
+
+    step = overhead + max(weight_bytes / BW, 2 params M / P)       (the layer stack, M tokens)
+                    + attn_flops * sum(prefill tokens x their context) / P
+                    + kv_bytes * (tokens of KV the decoding requests read) / BW
+    """
+
+    overhead_s: float
+    weight_bytes: float
+    params: float
+    P_flops: float
+    BW_Bps: float
+    attn_flops_per_token_ctx: float  # 4 layers heads head_dim
+    kv_bytes_per_token: float  # 2 layers H_kv head_dim b
+
+    @classmethod
+    def llama3_8b(cls, c: dict, overhead_s: float = 0.0) -> CostModel:
+        """From chapter 0's ceilings (``lib.ceilings``) and Llama-3-8B's shapes in bf16."""
+        m = costs.LLAMA3_8B
+        params = m["layers"] * sum(k * n for k, n in m["linears"].values()) + m["vocab"] * m["hidden"]
+        return cls(overhead_s=overhead_s, weight_bytes=2 * params, params=params, P_flops=c["bf16_tflops"] * 1e12,
+                   BW_Bps=c["copy_bw_GBps"] * 1e9,
+                   attn_flops_per_token_ctx=4 * m["layers"] * m["heads"] * m["head_dim"],
+                   kv_bytes_per_token=costs.kv_cache_bytes(m["layers"], 1, 1, m["kv_heads"], m["head_dim"], 2))
+
+    def step(self, tokens: int, prefill_ctx_work: float, decode_kv_tokens: int) -> float:
+        if tokens <= 0:
+            return 0.0
+        linear = max(self.weight_bytes / self.BW_Bps, 2 * self.params * tokens / self.P_flops)
+        return (self.overhead_s + linear + self.attn_flops_per_token_ctx * prefill_ctx_work / self.P_flops
+                + self.kv_bytes_per_token * decode_kv_tokens / self.BW_Bps)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    name: str
+    max_input: int  # prompts up to this many tokens (the last bucket should take the rest)
+    priority: int = 0  # lower is admitted first
+    max_running: int | None = None
+
+
+@dataclass(frozen=True)
+class Policy:
+    kind: str = "continuous"
+    max_batch: int = 32
+    max_wait: float = 0.0
+    max_running: int = 256
+    token_budget: int = 8192
+    chunk: int | None = None
+    buckets: tuple[Bucket, ...] = ()
+    kv_capacity: int | None = None
+
+    def check(self) -> None:
+        if self.kind not in ("static", "dynamic", "continuous"):
+            raise ValueError(f"kind must be 'static', 'dynamic' or 'continuous', got {self.kind!r}")
+        if self.max_batch < 1 or self.max_running < 1 or self.token_budget < 1 or self.max_wait < 0:
+            raise ValueError("max_batch, max_running and token_budget must be >= 1 and max_wait >= 0")
+        if self.chunk is not None and self.chunk < 1:
+            raise ValueError(f"chunk must be >= 1 tokens or None, got {self.chunk}")
+        if self.buckets and self.kind != "continuous":
+            raise ValueError("buckets need the continuous policy")
+        if self.buckets and sorted(b.max_input for b in self.buckets) != [b.max_input for b in self.buckets]:
+            raise ValueError("buckets must be listed by increasing max_input")
+        if any(b.max_running is not None and b.max_running < 1 for b in self.buckets):
+            raise ValueError("a bucket's max_running must be at least 1 (or None)")
+        if self.kv_capacity is not None and self.kv_capacity < 1:
+            raise ValueError("kv_capacity must be a positive number of tokens or None")
+
+
+@dataclass
+class _Req:
+    id: int
+    arrival: float
+    kind: str
+    input: int
+    output: int
+    bucket: int = 0
+    target: int = 0  # tokens to prefill: the prompt, plus what was generated before a pre-emption
+    prefilled: int = 0
+    generated: int = 0
+    admitted: float = math.nan
+    first_admitted: float = math.nan
+    first_token: float = math.nan
+    finish: float = math.nan
+    prefill_time: float = 0.0
+    preemptions: int = 0
+    token_times: list = field(default_factory=list)
+
+
+def simulate(reqs, cost: CostModel, policy: Policy) -> list[dict]:
+    """Run the requests ({"id", "arrival", "kind", "input", "output"}) through the engine; one result per
+    request, in id order. Deterministic: the same input gives the same output."""
+    policy.check()
+    rs = []
+    for r in reqs:
+        if r["input"] < 1 or r["output"] < 1:
+            raise ValueError(f"request {r['id']}: input and output must be at least 1 token")
+        if policy.kv_capacity is not None and r["input"] + r["output"] > policy.kv_capacity:
+            raise ValueError(f"request {r['id']} needs {r['input'] + r['output']} tokens of KV, more than the "
+                             f"capacity {policy.kv_capacity}: raise kv_capacity or drop the request")
+        b = 0
+        for i, bk in enumerate(policy.buckets):
+            b = i
+            if r["input"] <= bk.max_input:
+                break
+        rs.append(_Req(r["id"], float(r["arrival"]), r.get("kind", ""), int(r["input"]), int(r["output"]), b,
+                       target=int(r["input"])))
+    pending = sorted(rs, key=lambda x: (x.arrival, x.id))
+    nb = max(1, len(policy.buckets))
+    queues = [deque() for _ in range(nb)]
+    order = sorted(range(nb), key=lambda i: (policy.buckets[i].priority if policy.buckets else 0, i))
+    running: list[_Req] = []
+    now, nxt, done = 0.0, 0, 0
+    batch_locked = False  # static/dynamic: a batch is running and admits nobody
+
+    def arrive(until):
+        nonlocal nxt
+        while nxt < len(pending) and pending[nxt].arrival <= until:
+            q = pending[nxt]
+            queues[q.bucket].append(q)
+            nxt += 1
+
+    def kv_used():
+        return sum(x.prefilled + x.generated for x in running)
+
+    last_state, stalls = None, 0
+    while done < len(rs):
+        state = (now, done, nxt, len(running), sum(x.prefilled + x.generated for x in running))
+        stalls = stalls + 1 if state == last_state else 0
+        if stalls > 3:  # a bug, not a workload: fail loudly instead of spinning
+            raise RuntimeError(f"the simulation made no progress at t={now:.6f} s with {len(running)} running and "
+                               f"{sum(len(q) for q in queues)} queued")
+        last_state = state
+        arrive(now)
+        queued = sum(len(q) for q in queues)
+        if not running and not queued:  # idle: jump to the next arrival
+            now = max(now, pending[nxt].arrival)
+            continue
+        admitted = []
+        if policy.kind in ("static", "dynamic"):
+            if not running:
+                batch_locked = False
+            if not batch_locked and queued:
+                q = queues[0]
+                deadline = q[0].arrival + policy.max_wait  # compared as computed below: no rounding gap
+                full = len(q) >= policy.max_batch
+                last = nxt >= len(pending)
+                if full or last or (policy.kind == "dynamic" and now >= deadline):
+                    while q and len(admitted) < policy.max_batch:
+                        admitted.append(q.popleft())
+                    batch_locked = True
+                elif not running:  # wait for the batch to fill, or for the oldest to time out
+                    wake = pending[nxt].arrival
+                    if policy.kind == "dynamic":
+                        wake = min(wake, deadline)
+                    now = max(now, wake)
+                    continue
+        else:
+            budget = policy.token_budget
+            used = kv_used()
+            per_bucket = [0] * nb
+            for x in running:
+                per_bucket[x.bucket] += 1
+            for bi in order:
+                q = queues[bi]
+                cap = policy.buckets[bi].max_running if policy.buckets else None
+                while q and len(running) + len(admitted) < policy.max_running:
+                    x = q[0]
+                    if cap is not None and per_bucket[bi] >= cap:
+                        break
+                    need = x.target if policy.chunk is None else min(x.target, policy.chunk)
+                    if admitted and need > budget:
+                        break
+                    if policy.kv_capacity is not None and used + x.target + 1 > policy.kv_capacity:
+                        break
+                    q.popleft()
+                    admitted.append(x)
+                    per_bucket[bi] += 1
+                    budget -= need
+                    used += x.target
+        for x in admitted:
+            x.admitted = now
+            if math.isnan(x.first_admitted):
+                x.first_admitted = now
+        running.extend(admitted)
+        if not running:
+            if nxt >= len(pending):
+                raise RuntimeError("requests are queued but the policy can admit none of them: check the bucket "
+                                   "limits and the KV capacity")
+            now = max(now, pending[nxt].arrival)
+            continue
+        # the step: prefill work (whole prompts, or chunks within the budget) and one decode token each
+        budget = policy.token_budget if policy.kind == "continuous" else math.inf
+        pf_tokens, pf_work, dec, dec_kv = 0, 0.0, [], 0
+        prefilling = []
+        for x in running:
+            if x.prefilled < x.target:
+                left = x.target - x.prefilled
+                take = left if policy.chunk is None else min(left, policy.chunk)
+                if prefilling and take > budget:
+                    continue
+                take = min(take, max(1, int(budget))) if policy.chunk is not None else take
+                prefilling.append((x, take))
+                pf_tokens += take
+                pf_work += take * (x.prefilled + take / 2)
+                budget -= take
+            else:
+                dec.append(x)
+                dec_kv += x.prefilled + x.generated
+        dt = cost.step(pf_tokens + len(dec), pf_work, dec_kv)
+        now += dt
+        finished = []
+        for x, take in prefilling:
+            x.prefilled += take
+            x.prefill_time += dt
+            if x.prefilled == x.target:  # the prompt's last step yields the next token
+                x.generated += 1
+                x.token_times.append(now)
+                if math.isnan(x.first_token):
+                    x.first_token = now
+                if x.generated >= x.output:
+                    finished.append(x)
+        for x in dec:
+            x.generated += 1
+            x.token_times.append(now)
+            if x.generated >= x.output:
+                finished.append(x)
+        for x in finished:
+            x.finish = now
+            running.remove(x)
+            done += 1
+        if policy.kv_capacity is not None:  # pre-empt the newest until the KV fits
+            while running and kv_used() > policy.kv_capacity:
+                victim = max(running, key=lambda y: (y.admitted, y.id))
+                running.remove(victim)
+                victim.prefilled = 0
+                victim.target = victim.input + victim.generated  # its KV must be computed again
+                victim.preemptions += 1
+                queues[victim.bucket].appendleft(victim)
+    out = []
+    for x in sorted(rs, key=lambda y: y.id):
+        ttft = x.first_token - x.arrival
+        e2e = x.finish - x.arrival
+        itl = [b - a for a, b in zip(x.token_times, x.token_times[1:])]
+        out.append({"id": x.id, "kind": x.kind, "bucket": policy.buckets[x.bucket].name if policy.buckets else "",
+                    "input": x.input, "output": x.output, "arrival": x.arrival, "ttft": ttft, "e2e": e2e,
+                    "tpot": (e2e - ttft) / (x.output - 1) if x.output > 1 else math.nan,
+                    "itl_max": max(itl) if itl else math.nan, "queue": x.first_admitted - x.arrival,
+                    "prefill": x.prefill_time, "decode": x.finish - x.first_token, "preemptions": x.preemptions,
+                    "tokens": x.generated})
+    return out
+
+
+def percentile(xs, p: float) -> float:
+    """The p-th percentile (0-100) by linear interpolation, as numpy's default."""
+    v = sorted(x for x in xs if not math.isnan(x))
+    if not v:
+        return math.nan
+    k = (len(v) - 1) * p / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def summary(results: list[dict], kind: str | None = None) -> dict:
+    """TTFT, TPOT and E2E percentiles and output tokens per second, over all requests or one kind."""
+    rs = [r for r in results if kind is None or r["kind"] == kind]
+    if not rs:
+        return {}
+    span = max(r["arrival"] + r["e2e"] for r in results) - min(r["arrival"] for r in results)
+    out = {"requests": len(rs), "tokens_per_s": sum(r["tokens"] for r in rs) / span if span > 0 else math.nan}
+    for m in ("ttft", "tpot", "e2e", "queue"):
+        for p in (50, 95, 99):
+            out[f"{m}_p{p}"] = percentile([r[m] for r in rs], p)
+    return out

@@ -1,0 +1,101 @@
+"""lib.serving and lib.workloads: determinism, every request finishing once with every token, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lib import serving, workloads
+
+CEIL = {"bf16_tflops": 792.0, "copy_bw_GBps": 4244.0}
+COST = serving.CostModel.llama3_8b(CEIL, overhead_s=2e-4)
+MIX = (("chat", workloads.CHAT, 0.8), ("docs", workloads.LONG_DOC, 0.2))
+
+
+def test_arrivals_and_requests_are_seeded():
+    a = workloads.requests(200, 5.0, mix=MIX, seed=4)
+    assert a == workloads.requests(200, 5.0, mix=MIX, seed=4) and a != workloads.requests(200, 5.0, mix=MIX, seed=5)
+    times = workloads.arrival_times(20000, 10.0, seed=1)
+    assert abs(len(times) / times[-1] - 10.0) < 0.3  # the rate asked for
+    gaps = workloads.arrival_times(20000, 10.0, process="gamma", cv=3.0, seed=1)
+    g = [b - a for a, b in zip(gaps, gaps[1:])]
+    mean = sum(g) / len(g)
+    cv = math.sqrt(sum((x - mean) ** 2 for x in g) / len(g)) / mean
+    assert 2.5 < cv < 3.5  # bursty: the coefficient of variation asked for
+    with pytest.raises(ValueError, match="process must be"):
+        workloads.arrival_times(3, 1.0, process="uniform")
+
+
+def check_accounting(reqs, res):
+    assert [r["id"] for r in res] == sorted(q["id"] for q in reqs)  # every request, exactly once
+    by_id = {q["id"]: q for q in reqs}
+    for r in res:
+        q = by_id[r["id"]]
+        assert r["tokens"] == q["output"]  # every token accounted for
+        assert 0 <= r["queue"] <= r["ttft"] <= r["e2e"] and math.isfinite(r["e2e"])
+
+
+POLICIES = [
+    serving.Policy("static", max_batch=8),
+    serving.Policy("dynamic", max_batch=8, max_wait=0.02),
+    serving.Policy("continuous", token_budget=4096, max_running=32),
+    serving.Policy("continuous", token_budget=4096, chunk=512),
+    serving.Policy("continuous", token_budget=4096, chunk=512, kv_capacity=40000),
+    serving.Policy("continuous", token_budget=4096, chunk=1024, buckets=(
+        serving.Bucket("short", 2048, priority=0), serving.Bucket("long", 10**9, priority=1, max_running=2))),
+]
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: f"{p.kind}-{p.chunk}-{p.kv_capacity}-{len(p.buckets)}")
+def test_every_request_finishes_once_and_runs_are_reproducible(policy):
+    reqs = workloads.requests(300, 4.0, mix=MIX, seed=7)
+    res = serving.simulate(reqs, COST, policy)
+    check_accounting(reqs, res)
+    assert serving.simulate(reqs, COST, policy) == res  # same input, same output, bit for bit
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 40), rate=st.floats(0.5, 50), seed=st.integers(0, 10**6), which=st.integers(0, len(POLICIES) - 1))
+def test_random_workloads_and_policies(n, rate, seed, which):
+    reqs = workloads.requests(n, rate, mix=MIX, seed=seed)
+    check_accounting(reqs, serving.simulate(reqs, COST, POLICIES[which]))
+
+
+def test_preemption_recomputes_and_still_finishes():
+    reqs = workloads.requests(200, 20.0, mix=MIX, seed=2)
+    res = serving.simulate(reqs, COST, serving.Policy("continuous", token_budget=8192, chunk=1024, kv_capacity=40000))
+    check_accounting(reqs, res)
+    assert sum(r["preemptions"] for r in res) > 0
+
+
+def test_chunked_prefill_shortens_short_requests_wait_behind_long_ones():
+    reqs = workloads.requests(600, 6.0, mix=MIX, seed=3)
+    whole = serving.summary(serving.simulate(reqs, COST, serving.Policy("continuous", token_budget=32768)), "chat")
+    chunked = serving.summary(serving.simulate(reqs, COST, serving.Policy("continuous", token_budget=32768, chunk=1024)),
+                              "chat")
+    assert chunked["ttft_p95"] < whole["ttft_p95"]
+
+
+def test_bad_configuration_and_requests_are_rejected():
+    reqs = workloads.requests(5, 1.0, seed=0)
+    with pytest.raises(ValueError, match="kind must be"):
+        serving.simulate(reqs, COST, serving.Policy("greedy"))
+    with pytest.raises(ValueError, match="buckets need"):
+        serving.simulate(reqs, COST, serving.Policy("static", buckets=(serving.Bucket("a", 10),)))
+    with pytest.raises(ValueError, match="increasing max_input"):
+        serving.simulate(reqs, COST, serving.Policy(buckets=(serving.Bucket("a", 10), serving.Bucket("b", 5))))
+    with pytest.raises(ValueError, match="more than the capacity"):
+        serving.simulate(reqs, COST, serving.Policy(kv_capacity=10))
+    with pytest.raises(ValueError, match="at least 1 token"):
+        serving.simulate([{"id": 0, "arrival": 0.0, "input": 0, "output": 3}], COST, serving.Policy())
+
+
+def test_percentiles_and_summary():
+    assert serving.percentile([1, 2, 3, 4], 50) == 2.5 and serving.percentile([5], 99) == 5
+    assert math.isnan(serving.percentile([], 50))
+    reqs = workloads.requests(100, 2.0, mix=MIX, seed=1)
+    s = serving.summary(serving.simulate(reqs, COST, serving.Policy()))
+    assert s["requests"] == 100 and s["ttft_p50"] <= s["ttft_p95"] <= s["ttft_p99"] and s["tokens_per_s"] > 0
