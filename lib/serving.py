@@ -72,6 +72,58 @@ class CostModel:
 
 
 @dataclass(frozen=True)
+class MeasuredCostModel:
+    """Seconds per engine step from measured pieces of one model:
+
+    step = overhead + linear(M)                       (the whole layer stack at M tokens: interpolated, log-log)
+                    + attn_flops * sum(prefill tokens x their context) / P
+                    + layers * (attn_fixed + kv_bytes * (KV tokens the decoding requests read) / attn_BW)
+
+    ``linear`` comes from measured GEMM times (chapter 1), the decode attention terms from a fit of
+    measured decode-attention kernels (chapter 3); prefill attention, not measured, uses the bf16 rate.
+    """
+
+    m_points: tuple
+    linear_s: tuple
+    layers: int
+    attn_fixed_s: float
+    attn_BW_Bps: float
+    attn_flops_per_token_ctx: float
+    P_flops: float
+    kv_bytes_per_token: float  # all layers
+    overhead_s: float = 0.0
+
+    def linear(self, m: int) -> float:
+        ms, ts = self.m_points, self.linear_s
+        if m <= ms[0]:
+            return ts[0]
+        if m >= ms[-1]:
+            return ts[-1] * m / ms[-1]  # beyond the table: compute-bound, linear in M
+        i = next(j for j in range(1, len(ms)) if ms[j] >= m)
+        f = (math.log(m) - math.log(ms[i - 1])) / (math.log(ms[i]) - math.log(ms[i - 1]))
+        return math.exp(math.log(ts[i - 1]) + f * (math.log(ts[i]) - math.log(ts[i - 1])))
+
+    def step(self, tokens: int, prefill_ctx_work: float, decode_kv_tokens: int) -> float:
+        if tokens <= 0:
+            return 0.0
+        attn = self.layers * (self.attn_fixed_s + self.kv_bytes_per_token / self.layers * decode_kv_tokens
+                              / self.attn_BW_Bps) if decode_kv_tokens else 0.0
+        return (self.overhead_s + self.linear(tokens) + self.attn_flops_per_token_ctx * prefill_ctx_work / self.P_flops
+                + attn)
+
+
+def fit_line(xs, ys) -> tuple[float, float]:
+    """Least squares y = a + b x; returns (a, b)."""
+    n = len(xs)
+    if n < 2:
+        raise ValueError("fit_line needs at least two points")
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return my - b * mx, b
+
+
+@dataclass(frozen=True)
 class Bucket:
     name: str
     max_input: int  # prompts up to this many tokens (the last bucket should take the rest)

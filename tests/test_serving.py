@@ -99,3 +99,19 @@ def test_percentiles_and_summary():
     reqs = workloads.requests(100, 2.0, mix=MIX, seed=1)
     s = serving.summary(serving.simulate(reqs, COST, serving.Policy()))
     assert s["requests"] == 100 and s["ttft_p50"] <= s["ttft_p95"] <= s["ttft_p99"] and s["tokens_per_s"] > 0
+
+
+def test_measured_cost_model_interpolates_and_fits():
+    a, b = serving.fit_line([0, 1, 2, 3], [1, 3, 5, 7])
+    assert (a, b) == (1.0, 2.0)
+    with pytest.raises(ValueError):
+        serving.fit_line([1], [1])
+    m = serving.MeasuredCostModel(m_points=(1, 100), linear_s=(1e-3, 1e-1), layers=2, attn_fixed_s=1e-5,
+                                  attn_BW_Bps=1e12, attn_flops_per_token_ctx=100.0, P_flops=1e12, kv_bytes_per_token=2e3)
+    assert m.linear(1) == 1e-3 and m.linear(100) == pytest.approx(1e-1)
+    assert m.linear(10) == pytest.approx(1e-2)  # log-log between the points
+    assert m.linear(200) == pytest.approx(2e-1)  # beyond the table: linear in M
+    assert m.step(0, 0, 0) == 0.0
+    assert m.step(1, 0, 1000) == pytest.approx(1e-3 + 2 * (1e-5 + 1e3 * 1000 / 1e12))
+    reqs = workloads.requests(50, 2.0, mix=MIX, seed=0)
+    check_accounting(reqs, serving.simulate(reqs, m, serving.Policy()))
