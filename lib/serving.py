@@ -12,7 +12,8 @@ Policies (``Policy.kind``):
 - ``continuous``: every step, finished requests leave and queued ones join while fewer than
   ``max_running`` run and the step's prompt tokens stay within ``token_budget``:
   B_{t+1} = (B_t minus F_t) plus A_t. With ``chunk`` set, a long prompt is prefilled ``chunk`` tokens per
-  step (chunked prefill) instead of in one step.
+  step (chunked prefill) instead of in one step. With ``prefill_first``, a step that has prompt tokens to
+  prefill runs no decode: running requests wait while new ones are prefilled.
 - Buckets (continuous only): ``buckets`` splits the queue by prompt length, each bucket with a priority
   and its own limit of running requests, so that long documents cannot crowd out short chats.
 
@@ -141,6 +142,7 @@ class Policy:
     chunk: int | None = None
     buckets: tuple[Bucket, ...] = ()
     kv_capacity: int | None = None
+    prefill_first: bool = False  # steps with prefill work run no decode (prefill pre-empts decode)
 
     def check(self) -> None:
         if self.kind not in ("static", "dynamic", "continuous"):
@@ -299,6 +301,8 @@ def simulate(reqs, cost: CostModel, policy: Policy) -> list[dict]:
             else:
                 dec.append(x)
                 dec_kv += x.prefilled + x.generated
+        if policy.prefill_first and prefilling:  # a prefill step: the running requests' decode waits
+            dec, dec_kv = [], 0
         dt = cost.step(pf_tokens + len(dec), pf_work, dec_kv)
         now += dt
         finished = []

@@ -44,6 +44,7 @@ POLICIES = [
     serving.Policy("continuous", token_budget=4096, max_running=32),
     serving.Policy("continuous", token_budget=4096, chunk=512),
     serving.Policy("continuous", token_budget=4096, chunk=512, kv_capacity=40000),
+    serving.Policy("continuous", token_budget=4096, max_running=32, prefill_first=True),
     serving.Policy("continuous", token_budget=4096, chunk=1024, buckets=(
         serving.Bucket("short", 2048, priority=0), serving.Bucket("long", 10**9, priority=1, max_running=2))),
 ]
@@ -115,3 +116,12 @@ def test_measured_cost_model_interpolates_and_fits():
     assert m.step(1, 0, 1000) == pytest.approx(1e-3 + 2 * (1e-5 + 1e3 * 1000 / 1e12))
     reqs = workloads.requests(50, 2.0, mix=MIX, seed=0)
     check_accounting(reqs, serving.simulate(reqs, m, serving.Policy()))
+
+
+def test_prefill_first_makes_running_requests_wait():
+    """With prefill pre-empting decode, steps that prefill run no decode: decode gaps grow."""
+    reqs = workloads.requests(300, 6.0, mix=MIX, seed=9)
+    mixed = serving.simulate(reqs, COST, serving.Policy("continuous", token_budget=8192))
+    first = serving.simulate(reqs, COST, serving.Policy("continuous", token_budget=8192, prefill_first=True))
+    check_accounting(reqs, first)
+    assert serving.percentile([r["itl_max"] for r in first], 95) > serving.percentile([r["itl_max"] for r in mixed], 95)
