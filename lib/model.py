@@ -125,3 +125,41 @@ class TinyLlama:
             h = self._norm(x, L["mlp_norm"])
             x = x + (F.silu(h @ L["wg"]) * (h @ L["wu"])) @ L["wd"]
         return self._norm(x, self.norm) @ self.head
+
+    @torch.no_grad()
+    def decode(self, tokens, pool: KVPool, block_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+        """One decode step for a batch: logits [B, vocab] of the new tokens ``tokens`` [B].
+
+        Request b's new token sits at position ``seq_lens[b] - 1`` (``seq_lens`` counts it); its K and V
+        are written into the request's blocks (``block_table`` [B, pages], int32) and attention over the
+        request's ``seq_lens[b]`` tokens runs in ``lib.kernels.decode_attention``, one launch per layer.
+        """
+        from lib.kernels import decode_attention as da
+
+        c = self.cfg
+        bs = pool.block_size
+        ids = torch.as_tensor(tokens, device=self.device)
+        lens = seq_lens.to(device=self.device, dtype=torch.int32)
+        table = block_table.to(device=self.device, dtype=torch.int32)
+        pos = lens.long() - 1
+        if (pos < 0).any() or (lens > table.shape[1] * bs).any():
+            raise ValueError("every seq_len must be at least 1 and fit in the request's blocks")
+        rows = torch.arange(len(ids), device=self.device)
+        blk, slot = table[rows, pos // bs].long(), pos % bs
+        x = self.embed[ids]
+        plans = {}
+        for li, L in enumerate(self.layers):
+            h = self._norm(x, L["attn_norm"])
+            q = self._rope((h @ L["wq"]).view(-1, c.heads, c.head_dim), pos)
+            k = self._rope((h @ L["wk"]).view(-1, c.kv_heads, c.head_dim), pos)
+            v = (h @ L["wv"]).view(-1, c.kv_heads, c.head_dim)
+            pool.k[li, blk, :, slot] = k
+            pool.v[li, blk, :, slot] = v
+            kc, vc = pool.k[li], pool.v[li]
+            if "plan" not in plans:
+                plans["plan"] = da.DecodeAttention(q, kc, vc, table, lens)
+            o = plans["plan"](q.contiguous(), kc, vc, table, lens)
+            x = x + o.reshape(-1, c.heads * c.head_dim) @ L["wo"]
+            h = self._norm(x, L["mlp_norm"])
+            x = x + (F.silu(h @ L["wg"]) * (h @ L["wu"])) @ L["wd"]
+        return self._norm(x, self.norm) @ self.head

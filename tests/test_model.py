@@ -60,3 +60,27 @@ def test_sizes_and_bad_input(model):
         model.prefill(list(range(10)), pool, pool.allocate(2), 0)
     with pytest.raises(ValueError, match="start must be"):
         model.prefill([1, 2], pool, [0, 1], 2)
+
+
+def test_batched_decode_matches_prefill(model):
+    """A decode step for three requests of different lengths, through the decode-attention kernel
+    (interpreted on the CPU), gives the logits prefill computes for each request's last token."""
+    bs = 4
+    pool = model.new_pool(64, bs)
+    gen = torch.Generator().manual_seed(21)
+    lengths = [1, 6, 13]
+    table = torch.zeros(3, 4, dtype=torch.int32)
+    prompts, want = [], []
+    for b, n in enumerate(lengths):
+        tokens = torch.randint(0, model.cfg.vocab, (n,), generator=gen).tolist()
+        blocks = pool.allocate(pool.blocks_for(n))
+        table[b, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        if n > 1:
+            model.prefill(tokens[:-1], pool, blocks, 0)  # the context is in the cache
+        ref_pool = model.new_pool(8, bs)
+        want.append(model.prefill(tokens, ref_pool, ref_pool.allocate(ref_pool.blocks_for(n)), 0)[-1])
+        prompts.append(tokens)
+    logits = model.decode([p[-1] for p in prompts], pool, table, torch.tensor(lengths, dtype=torch.int32))
+    assert torch.allclose(logits, torch.stack(want), rtol=1e-4, atol=1e-4), (logits - torch.stack(want)).abs().max()
+    with pytest.raises(ValueError, match="at least 1"):
+        model.decode([1], pool, table[:1], torch.tensor([0], dtype=torch.int32))
