@@ -92,6 +92,21 @@ class TinyLlama:
     def _norm(self, x, weight):
         return F.rms_norm(x, (x.shape[-1],), weight, self.cfg.eps)
 
+    def _attn_in(self, li, L, x, pos, pool, blocks, slots):
+        """The layer's query, and its new K and V (RoPE applied) written into the pool at (blocks, slots)."""
+        c = self.cfg
+        h = self._norm(x, L["attn_norm"])
+        q = self._rope((h @ L["wq"]).view(-1, c.heads, c.head_dim), pos)
+        pool.k[li, blocks, :, slots] = self._rope((h @ L["wk"]).view(-1, c.kv_heads, c.head_dim), pos)
+        pool.v[li, blocks, :, slots] = (h @ L["wv"]).view(-1, c.kv_heads, c.head_dim)
+        return q
+
+    def _attn_out_and_mlp(self, L, x, o):
+        """Residual add of the attention output [m, heads, d], then the SwiGLU MLP block."""
+        x = x + o.reshape(-1, self.cfg.heads * self.cfg.head_dim) @ L["wo"]
+        h = self._norm(x, L["mlp_norm"])
+        return x + (F.silu(h @ L["wg"]) * (h @ L["wu"])) @ L["wd"]
+
     @torch.no_grad()
     def prefill(self, tokens, pool: KVPool, blocks: list[int], start: int = 0) -> torch.Tensor:
         """Logits [n - start, vocab] of tokens[start:]; K/V of positions < start are read from the pool."""
@@ -111,19 +126,12 @@ class TinyLlama:
         x = self.embed[ids[start:]]
         G = c.heads // c.kv_heads
         for li, L in enumerate(self.layers):
-            h = self._norm(x, L["attn_norm"])
-            q = self._rope((h @ L["wq"]).view(-1, c.heads, c.head_dim), pos)
-            k = self._rope((h @ L["wk"]).view(-1, c.kv_heads, c.head_dim), pos)
-            v = (h @ L["wv"]).view(-1, c.kv_heads, c.head_dim)
-            pool.k[li, slot_blocks, :, slots] = k
-            pool.v[li, slot_blocks, :, slots] = v
+            q = self._attn_in(li, L, x, pos, pool, slot_blocks, slots)
             K = pool.k[li, allpos_blocks].permute(1, 0, 2, 3).reshape(c.kv_heads, -1, c.head_dim)[:, :n]
             V = pool.v[li, allpos_blocks].permute(1, 0, 2, 3).reshape(c.kv_heads, -1, c.head_dim)[:, :n]
             o = F.scaled_dot_product_attention(q.transpose(0, 1), K.repeat_interleave(G, 0), V.repeat_interleave(G, 0),
                                                attn_mask=causal)
-            x = x + o.transpose(0, 1).reshape(-1, c.heads * c.head_dim) @ L["wo"]
-            h = self._norm(x, L["mlp_norm"])
-            x = x + (F.silu(h @ L["wg"]) * (h @ L["wu"])) @ L["wd"]
+            x = self._attn_out_and_mlp(L, x, o.transpose(0, 1))
         return self._norm(x, self.norm) @ self.head
 
     @torch.no_grad()
@@ -136,7 +144,6 @@ class TinyLlama:
         """
         from lib.kernels import decode_attention as da
 
-        c = self.cfg
         bs = pool.block_size
         ids = torch.as_tensor(tokens, device=self.device)
         lens = seq_lens.to(device=self.device, dtype=torch.int32)
@@ -149,17 +156,9 @@ class TinyLlama:
         x = self.embed[ids]
         plans = {}
         for li, L in enumerate(self.layers):
-            h = self._norm(x, L["attn_norm"])
-            q = self._rope((h @ L["wq"]).view(-1, c.heads, c.head_dim), pos)
-            k = self._rope((h @ L["wk"]).view(-1, c.kv_heads, c.head_dim), pos)
-            v = (h @ L["wv"]).view(-1, c.kv_heads, c.head_dim)
-            pool.k[li, blk, :, slot] = k
-            pool.v[li, blk, :, slot] = v
+            q = self._attn_in(li, L, x, pos, pool, blk, slot)
             kc, vc = pool.k[li], pool.v[li]
             if "plan" not in plans:
                 plans["plan"] = da.DecodeAttention(q, kc, vc, table, lens)
-            o = plans["plan"](q.contiguous(), kc, vc, table, lens)
-            x = x + o.reshape(-1, c.heads * c.head_dim) @ L["wo"]
-            h = self._norm(x, L["mlp_norm"])
-            x = x + (F.silu(h @ L["wg"]) * (h @ L["wu"])) @ L["wd"]
+            x = self._attn_out_and_mlp(L, x, plans["plan"](q.contiguous(), kc, vc, table, lens))
         return self._norm(x, self.norm) @ self.head
