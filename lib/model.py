@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+import lib.kernels  # noqa: F401  (first: it chooses Triton's interpreter without a GPU, before torch imports Triton)
 from lib.kv_pool import KVPool
 
 
@@ -50,6 +51,20 @@ CONFIGS = {
     "tiny": Config(vocab=97, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, mlp=128),
     "1b": Config(vocab=32000, hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64, mlp=8192),
 }
+
+
+def _causal_attention(q, k, v):
+    """Causal attention of the last ``m`` of ``n`` positions: q [H_q, m, d], k and v [H_kv, n, d].
+
+    The mask is aligned to the bottom right (query i sits at position n - m + i), as a prefill after a
+    cached prefix needs; nothing of size m x n is built, and fused kernels skip the masked tiles, so the
+    attention costs what the causal FLOPs say. GQA groups are expanded inside the kernel where it can."""
+    m, n = q.shape[1], k.shape[1]
+    from torch.nn.attention.bias import causal_lower_right
+
+    if m == n:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(m, n), enable_gqa=True)
 
 
 class TinyLlama:
@@ -108,8 +123,13 @@ class TinyLlama:
         return x + (F.silu(h @ L["wg"]) * (h @ L["wu"])) @ L["wd"]
 
     @torch.no_grad()
-    def prefill(self, tokens, pool: KVPool, blocks: list[int], start: int = 0) -> torch.Tensor:
-        """Logits [n - start, vocab] of tokens[start:]; K/V of positions < start are read from the pool."""
+    def prefill(self, tokens, pool: KVPool, blocks: list[int], start: int = 0, *, last_only: bool = False) -> torch.Tensor:
+        """Logits [n - start, vocab] of tokens[start:]; K/V of positions < start are read from the pool.
+
+        ``last_only``: only the last token's logits [1, vocab], all a server needs for the first output
+        token (the output head then runs once instead of n - start times). ``tokens`` and ``blocks`` may
+        be lists or tensors on the model's device; with tensors a prefill has no host synchronisation and
+        can be captured in a CUDA graph."""
         c = self.cfg
         n = len(tokens)
         bs = pool.block_size
@@ -122,25 +142,27 @@ class TinyLlama:
         blk = torch.as_tensor(blocks, device=self.device)
         slot_blocks, slots = blk[pos // bs], pos % bs
         allpos_blocks = blk[: -(-n // bs)]
-        causal = pos[:, None] >= torch.arange(n, device=self.device)[None, :]  # [m, n]
         x = self.embed[ids[start:]]
-        G = c.heads // c.kv_heads
         for li, L in enumerate(self.layers):
             q = self._attn_in(li, L, x, pos, pool, slot_blocks, slots)
             K = pool.k[li, allpos_blocks].permute(1, 0, 2, 3).reshape(c.kv_heads, -1, c.head_dim)[:, :n]
             V = pool.v[li, allpos_blocks].permute(1, 0, 2, 3).reshape(c.kv_heads, -1, c.head_dim)[:, :n]
-            o = F.scaled_dot_product_attention(q.transpose(0, 1), K.repeat_interleave(G, 0), V.repeat_interleave(G, 0),
-                                               attn_mask=causal)
+            o = _causal_attention(q.transpose(0, 1), K, V)
             x = self._attn_out_and_mlp(L, x, o.transpose(0, 1))
+        if last_only:
+            x = x[-1:]
         return self._norm(x, self.norm) @ self.head
 
     @torch.no_grad()
-    def decode(self, tokens, pool: KVPool, block_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    def decode(self, tokens, pool: KVPool, block_table: torch.Tensor, seq_lens: torch.Tensor, *,
+               check: bool = True) -> torch.Tensor:
         """One decode step for a batch: logits [B, vocab] of the new tokens ``tokens`` [B].
 
         Request b's new token sits at position ``seq_lens[b] - 1`` (``seq_lens`` counts it); its K and V
         are written into the request's blocks (``block_table`` [B, pages], int32) and attention over the
         request's ``seq_lens[b]`` tokens runs in ``lib.kernels.decode_attention``, one launch per layer.
+        ``check=False`` skips the bounds check, which reads the lengths back to the host: without it the step
+        has no host synchronisation and can be captured in a CUDA graph.
         """
         from lib.kernels import decode_attention as da
 
@@ -149,7 +171,7 @@ class TinyLlama:
         lens = seq_lens.to(device=self.device, dtype=torch.int32)
         table = block_table.to(device=self.device, dtype=torch.int32)
         pos = lens.long() - 1
-        if (pos < 0).any() or (lens > table.shape[1] * bs).any():
+        if check and ((pos < 0).any() or (lens > table.shape[1] * bs).any()):
             raise ValueError("every seq_len must be at least 1 and fit in the request's blocks")
         rows = torch.arange(len(ids), device=self.device)
         blk, slot = table[rows, pos // bs].long(), pos % bs

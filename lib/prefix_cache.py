@@ -26,6 +26,7 @@ Chapters: 5.
 from __future__ import annotations
 
 import hashlib
+import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -69,16 +70,18 @@ class PrefixCache:
         self.key_of: dict[int, bytes] = {}  # block -> key
         self.evictable: OrderedDict[int, None] = OrderedDict()
         self.cached_order: dict[int, int] = {}  # block -> when it was first cached (fifo)
+        self._fifo: list[tuple[int, int]] = []  # (cached_order, block) of evictable blocks; stale entries skipped
         self._clock = 0
         self.lookup_tokens = 0
         self.hit_tokens = 0
         self.evictions = 0
 
     # ------------------------------------------------------------------ lookup
-    def lookup(self, tokens, extra=()) -> list[int]:
-        """Blocks of the longest cached prefix of ``tokens`` (whole blocks), without taking them."""
+    def lookup(self, tokens, extra=(), *, keys=None) -> list[int]:
+        """Blocks of the longest cached prefix of ``tokens`` (whole blocks), without taking them.
+        ``keys``: the tokens' block keys, when the caller has them already."""
         out = []
-        for key in block_keys(tokens, self.pool.block_size, extra):
+        for key in keys if keys is not None else block_keys(tokens, self.pool.block_size, extra):
             b = self.block_of.get(key)
             if b is None:
                 break
@@ -95,7 +98,8 @@ class PrefixCache:
         tokens = list(tokens)
         extra = tuple(extra)
         bs = self.pool.block_size
-        hits = self.lookup(tokens, extra)
+        keys = block_keys(tokens, bs, extra)
+        hits = self.lookup(tokens, extra, keys=keys)
         if hits and len(hits) * bs >= len(tokens):  # keep the last token to compute
             hits = hits[:-1]
         need = self.pool.blocks_for(len(tokens)) - len(hits)
@@ -110,7 +114,6 @@ class PrefixCache:
         if need > self.pool.free_count:
             self._evict(need - self.pool.free_count)
         blocks = hits + self.pool.allocate(need)
-        keys = block_keys(tokens, bs, extra)
         self.lookup_tokens += len(tokens)
         self.hit_tokens += len(hits) * bs
         return Lease(tokens, extra, blocks, len(hits) * bs, committed=len(hits), keys=keys)
@@ -136,6 +139,8 @@ class PrefixCache:
             if self.pool.decref([b]):
                 if b in self.key_of:
                     self.evictable[b] = None  # most recent at the end
+                    if self.policy == "fifo":
+                        heapq.heappush(self._fifo, (self.cached_order[b], b))
                 else:
                     self.pool.free([b])
 
@@ -145,7 +150,10 @@ class PrefixCache:
             if self.policy == "lru":
                 b, _ = self.evictable.popitem(last=False)
             else:
-                b = min(self.evictable, key=self.cached_order.__getitem__)
+                while True:  # the first cached of the evictable blocks; entries of blocks taken since are stale
+                    order, b = heapq.heappop(self._fifo)
+                    if b in self.evictable and self.cached_order[b] == order:
+                        break
                 del self.evictable[b]
             key = self.key_of.pop(b)
             del self.block_of[key]
@@ -159,23 +167,24 @@ class PrefixCache:
 
 
 def replay(prompts, num_blocks: int, block_size: int, *, policy: str = "lru", live: int = 1, extra=()) -> dict:
-    """Run ``prompts`` (token lists) through a cache of ``num_blocks`` blocks, in order, keeping the last
-    ``live`` requests referenced (running) while the next one arrives. Returns token hit rate, hits,
-    lookups, requests turned away because pinned blocks left no room, and evictions."""
-    from lib.kv_pool import KVPool
-
+    """Run ``prompts`` (token lists) through a cache of ``num_blocks`` blocks, in order, with at most ``live``
+    requests running at once: a request runs from its arrival until ``live`` more requests have arrived
+    (turned away or not), holding (pinning) its blocks meanwhile. Returns the token hit rate, hits,
+    lookups, requests turned away because the pinned blocks left no room, and evictions."""
+    if not isinstance(live, int) or live < 1:
+        raise ValueError(f"live must be a positive int (requests running at once), got {live!r}")
     pool = KVPool(num_blocks, block_size, storage=False)
     cache = PrefixCache(pool, policy)
     running, rejected = [], 0
-    for tokens in prompts:
+    for i, tokens in enumerate(prompts):
+        while running and running[0][0] <= i - live:  # arrived `live` requests ago: finished
+            cache.release(running.pop(0)[1])
         try:
             lease = cache.acquire(tokens, extra)
         except PoolExhausted:
             rejected += 1
             continue
         cache.commit(lease)  # its KV is computed
-        running.append(lease)
-        while len(running) > max(0, live - 1):
-            cache.release(running.pop(0))
+        running.append((i, lease))
     return {"hit_rate": cache.hit_rate, "hit_tokens": cache.hit_tokens, "lookup_tokens": cache.lookup_tokens,
             "rejected": rejected, "evictions": cache.evictions}

@@ -84,3 +84,13 @@ def test_batched_decode_matches_prefill(model):
     assert torch.allclose(logits, torch.stack(want), rtol=1e-4, atol=1e-4), (logits - torch.stack(want)).abs().max()
     with pytest.raises(ValueError, match="at least 1"):
         model.decode([1], pool, table[:1], torch.tensor([0], dtype=torch.int32))
+
+
+def test_last_only_and_tensor_inputs_give_the_same_logits(model):
+    tokens = list(range(3, 40))
+    pool = model.new_pool(16, 4)
+    blocks = pool.allocate(pool.blocks_for(len(tokens)))
+    full = model.prefill(tokens, pool, blocks, 0)
+    last = model.prefill(torch.tensor(tokens), pool, torch.tensor(blocks), 20, last_only=True)
+    assert last.shape == (1, model.cfg.vocab)
+    assert torch.allclose(last, full[-1:], rtol=1e-5, atol=1e-5)

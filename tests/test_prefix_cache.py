@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from lib import prefix_cache
 from lib.kv_pool import KVPool, PoolExhausted
 from lib.prefix_cache import PrefixCache, block_keys
 
@@ -150,3 +151,46 @@ class PoolAndCache(RuleBasedStateMachine):
 
 PoolAndCache.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestPoolAndCache = PoolAndCache.TestCase
+
+
+class _FifoByScan(PrefixCache):
+    """FIFO eviction the obvious way (scan for the first cached evictable block), to check the heap."""
+
+    def _evict(self, n):
+        for _ in range(n):
+            b = min(self.evictable, key=self.cached_order.__getitem__)
+            del self.evictable[b]
+            del self.block_of[self.key_of.pop(b)]
+            del self.cached_order[b]
+            self.pool.free([b])
+            self.evictions += 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=10), st.booleans()), max_size=40))
+def test_fifo_heap_evicts_what_a_scan_evicts(ops):
+    caches = [PrefixCache(KVPool(10, 2, storage=False), "fifo"), _FifoByScan(KVPool(10, 2, storage=False), "fifo")]
+    held = [[], []]
+    for tokens, finish_oldest in ops:
+        for c, h in zip(caches, held):
+            if finish_oldest and h:
+                c.release(h.pop(0))
+            try:
+                lease = c.acquire(tokens)
+            except PoolExhausted:
+                continue
+            c.commit(lease)
+            h.append(lease)
+        assert caches[0].block_of == caches[1].block_of and caches[0].evictions == caches[1].evictions
+
+
+def test_replay_running_requests_pin_their_blocks():
+    prompts = [[i] * 8 for i in range(6)]  # 6 different prompts of 2 blocks of 4
+    one = prefix_cache.replay(prompts, 4, 4, live=1)
+    assert one["rejected"] == 0 and one["evictions"] == 8  # requests 2 to 5 each evict a finished one
+    three = prefix_cache.replay(prompts, 4, 4, live=3)  # two requests fill the pool; the third has no room
+    assert three["rejected"] == 2 and three["evictions"] == 4  # requests 2 and 5 find 4 pinned blocks
+    again = prefix_cache.replay(prompts[:2] * 2, 8, 4, live=1)
+    assert again["hit_tokens"] == 2 * 4  # the second round hits each prompt's first block (the last token is computed)
+    with pytest.raises(ValueError, match="live"):
+        prefix_cache.replay(prompts, 4, 4, live=0)
