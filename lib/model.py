@@ -57,14 +57,20 @@ def _causal_attention(q, k, v):
     """Causal attention of the last ``m`` of ``n`` positions: q [H_q, m, d], k and v [H_kv, n, d].
 
     The mask is aligned to the bottom right (query i sits at position n - m + i), as a prefill after a
-    cached prefix needs; nothing of size m x n is built, and fused kernels skip the masked tiles, so the
-    attention costs what the causal FLOPs say. GQA groups are expanded inside the kernel where it can."""
-    m, n = q.shape[1], k.shape[1]
+    cached prefix needs; nothing of size m x n is built, and the fused kernels skip the masked tiles, so
+    the attention costs what the causal FLOPs say. GQA groups are expanded inside the kernel. On a GPU
+    only fused kernels are allowed: the unfused fallback would materialise H_q x m x n scores (128 GiB
+    at 32k tokens), so a shape no fused kernel takes raises an error instead."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
 
-    if m == n:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(m, n), enable_gqa=True)
+    m, n = q.shape[1], k.shape[1]
+    q, k, v = q[None], k[None], v[None]  # fused kernels take [batch, heads, tokens, d]
+    mask = dict(is_causal=True) if m == n else dict(attn_mask=causal_lower_right(m, n))
+    if q.is_cuda:
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **mask)[0]
+    return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **mask)[0]
 
 
 class TinyLlama:
