@@ -65,6 +65,9 @@ def _causal_attention(q, k, v):
     from torch.nn.attention.bias import causal_lower_right
 
     m, n = q.shape[1], k.shape[1]
+    if q.is_cuda and q.dtype == torch.float32:  # flash takes 16-bit types; memory-efficient takes fp32, not groups
+        g = q.shape[0] // k.shape[0]
+        k, v = k.repeat_interleave(g, 0), v.repeat_interleave(g, 0)
     q, k, v = q[None], k[None], v[None]  # fused kernels take [batch, heads, tokens, d]
     mask = dict(is_causal=True) if m == n else dict(attn_mask=causal_lower_right(m, n))
     if q.is_cuda:
