@@ -53,34 +53,43 @@ CONFIGS = {
 }
 
 
-def _causal_attention(q, k, v):
+def _causal_attention(q, k, v, mask):
     """Causal attention of the last ``m`` of ``n`` positions: q [H_q, m, d], k and v [H_kv, n, d].
 
-    The mask is aligned to the bottom right (query i sits at position n - m + i), as a prefill after a
-    cached prefix needs; nothing of size m x n is built, and the fused kernels skip the masked tiles, so
-    the attention costs what the causal FLOPs say. GQA groups are expanded inside the kernel. On a GPU
-    only fused kernels are allowed: the unfused fallback would materialise H_q x m x n scores (128 GiB
-    at 32k tokens), so a shape no fused kernel takes raises an error instead."""
+    ``mask`` (from ``_causal_mask``) aligns the causal mask to the bottom right (query i sits at position
+    n - m + i), as a prefill after a cached prefix needs; nothing of size m x n is built, and the fused
+    kernels skip the masked tiles, so the attention costs what the causal FLOPs say. GQA groups are
+    expanded inside the kernel. On a GPU only fused kernels are allowed: the unfused fallback would
+    materialise H_q x m x n scores (128 GiB at 32k tokens), so a shape no fused kernel takes raises an
+    error instead."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.attention.bias import causal_lower_right
 
-    m, n = q.shape[1], k.shape[1]
     if q.is_cuda and q.dtype == torch.float32:  # flash takes 16-bit types; memory-efficient takes fp32, not groups
         g = q.shape[0] // k.shape[0]
         k, v = k.repeat_interleave(g, 0), v.repeat_interleave(g, 0)
     q, k, v = q[None], k[None], v[None]  # fused kernels take [batch, heads, tokens, d]
-    mask = dict(is_causal=True) if m == n else dict(attn_mask=causal_lower_right(m, n))
     if q.is_cuda:
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
             return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **mask)[0]
     return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **mask)[0]
 
 
+def _causal_mask(m: int, n: int) -> dict:
+    from torch.nn.attention.bias import causal_lower_right
+
+    return dict(is_causal=True) if m == n else dict(attn_mask=causal_lower_right(m, n))
+
+
 class TinyLlama:
+    """The projections are stored fused, as serving engines store them: Q, K and V in one matrix
+    [hidden, (H_q + 2 H_kv) d], gate and up in one [hidden, 2 mlp], so a layer runs few, large GEMMs."""
+
     def __init__(self, cfg: Config, *, seed: int = 0, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu"):
         if cfg.heads % cfg.kv_heads:
             raise ValueError(f"heads ({cfg.heads}) must be a multiple of kv_heads ({cfg.kv_heads})")
+        if cfg.head_dim % 2:
+            raise ValueError(f"head_dim must be even for rotary embeddings, got {cfg.head_dim}")
         self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
         gen = torch.Generator(device="cpu").manual_seed(seed)
 
@@ -89,13 +98,14 @@ class TinyLlama:
 
         H, D = cfg.hidden, cfg.head_dim
         self.embed = w(cfg.vocab, H, std=1.0)
-        self.layers = [{
-            "attn_norm": torch.ones(H, dtype=dtype, device=device),
-            "wq": w(H, cfg.heads * D), "wk": w(H, cfg.kv_heads * D), "wv": w(H, cfg.kv_heads * D),
-            "wo": w(cfg.heads * D, H),
-            "mlp_norm": torch.ones(H, dtype=dtype, device=device),
-            "wg": w(H, cfg.mlp), "wu": w(H, cfg.mlp), "wd": w(cfg.mlp, H),
-        } for _ in range(cfg.layers)]
+        self.layers = []
+        for _ in range(cfg.layers):
+            wq, wk, wv = w(H, cfg.heads * D), w(H, cfg.kv_heads * D), w(H, cfg.kv_heads * D)
+            wo = w(cfg.heads * D, H)
+            wg, wu, wd = w(H, cfg.mlp), w(H, cfg.mlp), w(cfg.mlp, H)
+            self.layers.append({
+                "attn_norm": torch.ones(H, dtype=dtype, device=device), "wqkv": torch.cat([wq, wk, wv], 1), "wo": wo,
+                "mlp_norm": torch.ones(H, dtype=dtype, device=device), "wgu": torch.cat([wg, wu], 1), "wd": wd})
         self.norm = torch.ones(H, dtype=dtype, device=device)
         self.head = w(H, cfg.vocab)
         inv = 1.0 / cfg.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
@@ -106,30 +116,41 @@ class TinyLlama:
         return KVPool(num_blocks, block_size, layers=c.layers, kv_heads=c.kv_heads, head_dim=c.head_dim,
                       dtype=self.dtype, device=self.device)
 
-    def _rope(self, x, pos):
-        """Rotate pairs (x[..., :D/2], x[..., D/2:]) by position-dependent angles; x: [m, heads, D]."""
+    def _rope_tables(self, pos):
+        """cos and sin [m, 1, d/2] of the rotary angles at positions ``pos``, once per forward pass."""
         ang = pos.to(torch.float64)[:, None] * self._inv_freq[None, :]
-        cos, sin = ang.cos().to(x.dtype)[:, None, :], ang.sin().to(x.dtype)[:, None, :]
+        return ang.cos().to(self.dtype)[:, None, :], ang.sin().to(self.dtype)[:, None, :]
+
+    @staticmethod
+    def _rope(x, cos, sin):
+        """Rotate pairs (x[..., :d/2], x[..., d/2:]) by the angles; x: [m, heads, d]."""
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
     def _norm(self, x, weight):
         return F.rms_norm(x, (x.shape[-1],), weight, self.cfg.eps)
 
-    def _attn_in(self, li, L, x, pos, pool, blocks, slots):
-        """The layer's query, and its new K and V (RoPE applied) written into the pool at (blocks, slots)."""
+    def _slot_rows(self, pool, blocks, slots):
+        """Rows of a layer's K (or V) storage viewed as [blocks * H_kv * page, d] for tokens at (blocks,
+        slots): [m * H_kv], token-major, so one index_copy_ writes all heads of all new tokens."""
+        heads = torch.arange(self.cfg.kv_heads, device=self.device)
+        return ((blocks[:, None] * self.cfg.kv_heads + heads[None, :]) * pool.block_size + slots[:, None]).reshape(-1)
+
+    def _attn_in(self, li, L, x, rope, pool, rows):
+        """The layer's query [m, H_q, d], and its new K and V (RoPE applied) written into the pool."""
         c = self.cfg
         h = self._norm(x, L["attn_norm"])
-        q = self._rope((h @ L["wq"]).view(-1, c.heads, c.head_dim), pos)
-        pool.k[li, blocks, :, slots] = self._rope((h @ L["wk"]).view(-1, c.kv_heads, c.head_dim), pos)
-        pool.v[li, blocks, :, slots] = (h @ L["wv"]).view(-1, c.kv_heads, c.head_dim)
-        return q
+        qkv = (h @ L["wqkv"]).view(-1, c.heads + 2 * c.kv_heads, c.head_dim)
+        qk = self._rope(qkv[:, : c.heads + c.kv_heads], *rope)
+        pool.k[li].view(-1, c.head_dim).index_copy_(0, rows, qk[:, c.heads:].reshape(-1, c.head_dim))
+        pool.v[li].view(-1, c.head_dim).index_copy_(0, rows, qkv[:, c.heads + c.kv_heads:].reshape(-1, c.head_dim))
+        return qk[:, : c.heads]
 
     def _attn_out_and_mlp(self, L, x, o):
         """Residual add of the attention output [m, heads, d], then the SwiGLU MLP block."""
-        x = x + o.reshape(-1, self.cfg.heads * self.cfg.head_dim) @ L["wo"]
-        h = self._norm(x, L["mlp_norm"])
-        return x + (F.silu(h @ L["wg"]) * (h @ L["wu"])) @ L["wd"]
+        x = torch.addmm(x, o.reshape(-1, self.cfg.heads * self.cfg.head_dim), L["wo"])
+        g, u = (self._norm(x, L["mlp_norm"]) @ L["wgu"]).chunk(2, dim=-1)
+        return torch.addmm(x, F.silu(g) * u, L["wd"])
 
     @torch.no_grad()
     def prefill(self, tokens, pool: KVPool, blocks: list[int], start: int = 0, *, last_only: bool = False) -> torch.Tensor:
@@ -147,17 +168,19 @@ class TinyLlama:
         if len(blocks) < -(-n // bs):
             raise ValueError(f"{n} tokens need {-(-n // bs)} blocks of {bs}, got {len(blocks)}")
         ids = torch.as_tensor(tokens, device=self.device)
-        pos = torch.arange(start, n, device=self.device)
         blk = torch.as_tensor(blocks, device=self.device)
-        slot_blocks, slots = blk[pos // bs], pos % bs
-        allpos_blocks = blk[: -(-n // bs)]
+        pos = torch.arange(start, n, device=self.device)
+        rows = self._slot_rows(pool, blk[pos // bs], pos % bs)  # where the new tokens' K and V go
+        every = torch.arange(n, device=self.device)
+        # rows of all n tokens, head-major [H_kv * n]: one index_select gathers a layer's K as [H_kv, n, d]
+        gather = self._slot_rows(pool, blk[every // bs], every % bs).view(n, c.kv_heads).t().reshape(-1)
+        rope, mask = self._rope_tables(pos), _causal_mask(n - start, n)
         x = self.embed[ids[start:]]
         for li, L in enumerate(self.layers):
-            q = self._attn_in(li, L, x, pos, pool, slot_blocks, slots)
-            K = pool.k[li, allpos_blocks].permute(1, 0, 2, 3).reshape(c.kv_heads, -1, c.head_dim)[:, :n]
-            V = pool.v[li, allpos_blocks].permute(1, 0, 2, 3).reshape(c.kv_heads, -1, c.head_dim)[:, :n]
-            o = _causal_attention(q.transpose(0, 1), K, V)
-            x = self._attn_out_and_mlp(L, x, o.transpose(0, 1))
+            q = self._attn_in(li, L, x, rope, pool, rows)
+            K = pool.k[li].view(-1, c.head_dim).index_select(0, gather).view(c.kv_heads, n, c.head_dim)
+            V = pool.v[li].view(-1, c.head_dim).index_select(0, gather).view(c.kv_heads, n, c.head_dim)
+            x = self._attn_out_and_mlp(L, x, _causal_attention(q.transpose(0, 1), K, V, mask).transpose(0, 1))
         if last_only:
             x = x[-1:]
         return self._norm(x, self.norm) @ self.head
@@ -182,14 +205,15 @@ class TinyLlama:
         pos = lens.long() - 1
         if check and ((pos < 0).any() or (lens > table.shape[1] * bs).any()):
             raise ValueError("every seq_len must be at least 1 and fit in the request's blocks")
-        rows = torch.arange(len(ids), device=self.device)
-        blk, slot = table[rows, pos // bs].long(), pos % bs
+        batch = torch.arange(len(ids), device=self.device)
+        rows = self._slot_rows(pool, table[batch, pos // bs].long(), pos % bs)
+        rope = self._rope_tables(pos)
         x = self.embed[ids]
-        plans = {}
+        plan = None
         for li, L in enumerate(self.layers):
-            q = self._attn_in(li, L, x, pos, pool, blk, slot)
+            q = self._attn_in(li, L, x, rope, pool, rows).contiguous()
             kc, vc = pool.k[li], pool.v[li]
-            if "plan" not in plans:
-                plans["plan"] = da.DecodeAttention(q, kc, vc, table, lens)
-            x = self._attn_out_and_mlp(L, x, plans["plan"](q.contiguous(), kc, vc, table, lens))
+            if plan is None:
+                plan = da.DecodeAttention(q, kc, vc, table, lens)
+            x = self._attn_out_and_mlp(L, x, plan(q, kc, vc, table, lens))
         return self._norm(x, self.norm) @ self.head
