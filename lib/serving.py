@@ -14,8 +14,11 @@ Policies (``Policy.kind``):
   B_{t+1} = (B_t minus F_t) plus A_t. With ``chunk`` set, a long prompt is prefilled ``chunk`` tokens per
   step (chunked prefill) instead of in one step. With ``prefill_first``, a step that has prompt tokens to
   prefill runs no decode: running requests wait while new ones are prefilled.
-- Buckets (continuous only): ``buckets`` splits the queue by prompt length, each bucket with a priority
-  and its own limit of running requests, so that long documents cannot crowd out short chats.
+  With ``max_wait`` > 0, a batching window: queued prompts are held back until the oldest has waited
+  ``max_wait`` s or together they fill ``token_budget``, so that prefills run in larger batches.
+- Buckets (continuous only): ``buckets`` splits the queue by prompt length, each bucket with a priority,
+  its own limit of running requests and its own window, so that long documents cannot crowd out short
+  chats.
 
 A KV capacity (tokens) bounds what running requests may hold; a request is admitted only if its prompt
 and what it has generated fit, and when decode would overflow it, the most recently admitted request is
@@ -94,6 +97,18 @@ class MeasuredCostModel:
     kv_bytes_per_token: float  # all layers
     overhead_s: float = 0.0
 
+    @classmethod
+    def fitted(cls, m_points, linear_s, prefill_s_per_work: float, decode_fixed_s: float,
+               decode_s_per_kv_token: float, overhead_s: float = 0.0) -> MeasuredCostModel:
+        """From a model measured whole: its forward time at M tokens with no context (``linear_s`` at
+        ``m_points``), seconds per unit of prefill attention work (new tokens x their context), and a
+        decode step's extra cost: fixed, plus per token of KV read."""
+        if len(m_points) != len(linear_s) or len(m_points) < 2 or list(m_points) != sorted(m_points):
+            raise ValueError("need at least two increasing m_points, one time for each")
+        return cls(m_points=tuple(m_points), linear_s=tuple(linear_s), layers=1, attn_fixed_s=decode_fixed_s,
+                   attn_BW_Bps=1.0 / decode_s_per_kv_token, attn_flops_per_token_ctx=prefill_s_per_work, P_flops=1.0,
+                   kv_bytes_per_token=1.0, overhead_s=overhead_s)
+
     def linear(self, m: int) -> float:
         ms, ts = self.m_points, self.linear_s
         if m <= ms[0]:
@@ -130,6 +145,7 @@ class Bucket:
     max_input: int  # prompts up to this many tokens (the last bucket should take the rest)
     priority: int = 0  # lower is admitted first
     max_running: int | None = None
+    max_wait: float | None = None  # this bucket's batching window (None: the policy's max_wait)
 
 
 @dataclass(frozen=True)
@@ -157,6 +173,8 @@ class Policy:
             raise ValueError("buckets must be listed by increasing max_input")
         if any(b.max_running is not None and b.max_running < 1 for b in self.buckets):
             raise ValueError("a bucket's max_running must be at least 1 (or None)")
+        if any(b.max_wait is not None and b.max_wait < 0 for b in self.buckets):
+            raise ValueError("a bucket's max_wait must be >= 0 s (or None)")
         if self.kv_capacity is not None and self.kv_capacity < 1:
             raise ValueError("kv_capacity must be a positive number of tokens or None")
 
@@ -217,6 +235,20 @@ def simulate(reqs, cost: CostModel, policy: Policy) -> list[dict]:
     def kv_used():
         return sum(x.prefilled + x.generated for x in running)
 
+    def window(bi):
+        w = policy.buckets[bi].max_wait if policy.buckets else None
+        return policy.max_wait if w is None else w
+
+    def held(bi):
+        """Continuous batching with a window: the bucket's queue waits to fill (deadline, or None if not held)."""
+        q = queues[bi]
+        if policy.kind != "continuous" or not q or window(bi) <= 0 or nxt >= len(pending):
+            return None
+        deadline = q[0].arrival + window(bi)
+        if now >= deadline or sum(x.target for x in q) >= policy.token_budget:
+            return None
+        return deadline
+
     last_state, stalls = None, 0
     while done < len(rs):
         state = (now, done, nxt, len(running), sum(x.prefilled + x.generated for x in running))
@@ -258,6 +290,8 @@ def simulate(reqs, cost: CostModel, policy: Policy) -> list[dict]:
             for bi in order:
                 q = queues[bi]
                 cap = policy.buckets[bi].max_running if policy.buckets else None
+                if held(bi):
+                    continue
                 while q and len(running) + len(admitted) < policy.max_running:
                     x = q[0]
                     if cap is not None and per_bucket[bi] >= cap:
@@ -281,7 +315,9 @@ def simulate(reqs, cost: CostModel, policy: Policy) -> list[dict]:
             if nxt >= len(pending):
                 raise RuntimeError("requests are queued but the policy can admit none of them: check the bucket "
                                    "limits and the KV capacity")
-            now = max(now, pending[nxt].arrival)
+            wake = pending[nxt].arrival
+            deadlines = [d for d in (held(bi) for bi in range(nb)) if d is not None]
+            now = max(now, min([wake, *deadlines]))
             continue
         # the step: prefill work (whole prompts, or chunks within the budget) and one decode token each
         budget = policy.token_budget if policy.kind == "continuous" else math.inf

@@ -47,10 +47,13 @@ POLICIES = [
     serving.Policy("continuous", token_budget=4096, max_running=32, prefill_first=True),
     serving.Policy("continuous", token_budget=4096, chunk=1024, buckets=(
         serving.Bucket("short", 2048, priority=0), serving.Bucket("long", 10**9, priority=1, max_running=2))),
+    serving.Policy("continuous", token_budget=16384, max_running=64, max_wait=0.05, prefill_first=True),
+    serving.Policy("continuous", token_budget=2048, chunk=1024, kv_capacity=40000, buckets=(
+        serving.Bucket("short", 2048, priority=0, max_wait=0.0), serving.Bucket("long", 10**9, priority=1, max_wait=0.1))),
 ]
 
 
-@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: f"{p.kind}-{p.chunk}-{p.kv_capacity}-{len(p.buckets)}")
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: f"{p.kind}-{p.chunk}-{p.kv_capacity}-{len(p.buckets)}-{p.max_wait}")
 def test_every_request_finishes_once_and_runs_are_reproducible(policy):
     reqs = workloads.requests(300, 4.0, mix=MIX, seed=7)
     res = serving.simulate(reqs, COST, policy)
@@ -125,3 +128,31 @@ def test_prefill_first_makes_running_requests_wait():
     first = serving.simulate(reqs, COST, serving.Policy("continuous", token_budget=8192, prefill_first=True))
     check_accounting(reqs, first)
     assert serving.percentile([r["itl_max"] for r in first], 95) > serving.percentile([r["itl_max"] for r in mixed], 95)
+
+
+def test_fitted_cost_model_adds_its_terms():
+    cm = serving.MeasuredCostModel.fitted([1, 100, 1000], [1e-3, 1e-3, 5e-3], prefill_s_per_work=1e-9,
+                                          decode_fixed_s=2e-4, decode_s_per_kv_token=1e-8)
+    assert cm.step(100, 0.0, 0) == pytest.approx(1e-3)
+    assert cm.step(1000, 1000 * 500.0, 0) == pytest.approx(5e-3 + 5e-4)
+    assert cm.step(10, 0.0, 10_000) == pytest.approx(1e-3 + 2e-4 + 1e-4)
+    with pytest.raises(ValueError, match="increasing"):
+        serving.MeasuredCostModel.fitted([100, 1], [1, 1], 0, 0, 1)
+
+
+def test_a_batching_window_holds_prompts_until_it_closes_or_fills():
+    cost = serving.CostModel(0.0, 1.0, 1.0, 1e12, 1e12, 0.0, 0.0)  # steps of 1 us
+    reqs = [{"id": 0, "arrival": 0.0, "kind": "a", "input": 10, "output": 2},
+            {"id": 1, "arrival": 0.001, "kind": "a", "input": 10, "output": 2},
+            {"id": 2, "arrival": 1.0, "kind": "a", "input": 10, "output": 2}]
+    held = serving.simulate(reqs, cost, serving.Policy("continuous", max_wait=0.05, token_budget=1000))
+    assert held[0]["queue"] == pytest.approx(0.05) and held[1]["queue"] == pytest.approx(0.049)
+    assert held[2]["queue"] == 0.0  # the last arrival: nothing more to wait for
+    full = serving.simulate(reqs, cost, serving.Policy("continuous", max_wait=0.05, token_budget=20))
+    assert full[0]["queue"] == pytest.approx(0.001)  # two prompts fill the budget: the window closes early
+    short = serving.Bucket("short", 10, 0, None, 0.0)
+    long_ = serving.Bucket("long", 10**6, 1)
+    split = serving.simulate(reqs, cost, serving.Policy("continuous", max_wait=0.05, buckets=(short, long_)))
+    assert split[0]["queue"] == 0.0  # the short bucket has no window
+    with pytest.raises(ValueError, match="max_wait"):
+        serving.Policy("continuous", buckets=(serving.Bucket("x", 5, 0, None, -1.0),)).check()
