@@ -25,8 +25,8 @@ and what it has generated fit, and when decode would overflow it, the most recen
 pre-empted: its KV is dropped and it re-enters the queue to be prefilled again.
 
 Metrics follow serving benchmarks: TTFT (arrival to first token), TPOT = (E2E - TTFT) / (output - 1),
-inter-token latencies, E2E, and output tokens per second; per request, the time queued, in prefill and
-in decode.
+inter-token latencies, E2E, output tokens per second, and goodput (tokens/s of the requests that met
+their SLOs); per request, the time queued, in prefill and in decode.
 
 Chapters: 6.
 """
@@ -391,6 +391,17 @@ def percentile(xs, p: float) -> float:
     k = (len(v) - 1) * p / 100
     lo, hi = math.floor(k), math.ceil(k)
     return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def goodput(results: list[dict], ttft_slo: float, tpot_slo: float, kind: str | None = None) -> float:
+    """Output tokens per second of the requests that met both SLOs (TTFT and TPOT, in seconds), over the
+    span of the whole run: the throughput that counts for users."""
+    if ttft_slo <= 0 or tpot_slo <= 0:
+        raise ValueError(f"SLOs must be positive seconds, got TTFT {ttft_slo} and TPOT {tpot_slo}")
+    span = max(r["arrival"] + r["e2e"] for r in results) - min(r["arrival"] for r in results)
+    good = sum(r["tokens"] for r in results if (kind is None or r["kind"] == kind) and r["ttft"] <= ttft_slo
+               and (math.isnan(r["tpot"]) or r["tpot"] <= tpot_slo))
+    return good / span if span > 0 else math.nan
 
 
 def summary(results: list[dict], kind: str | None = None) -> dict:

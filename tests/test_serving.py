@@ -156,3 +156,14 @@ def test_a_batching_window_holds_prompts_until_it_closes_or_fills():
     assert split[0]["queue"] == 0.0  # the short bucket has no window
     with pytest.raises(ValueError, match="max_wait"):
         serving.Policy("continuous", buckets=(serving.Bucket("x", 5, 0, None, -1.0),)).check()
+
+
+def test_goodput_counts_only_requests_within_their_slos():
+    res = [{"kind": "a", "arrival": 0.0, "e2e": 2.0, "ttft": 0.1, "tpot": 0.01, "tokens": 100},
+           {"kind": "a", "arrival": 0.0, "e2e": 2.0, "ttft": 0.5, "tpot": 0.01, "tokens": 50},
+           {"kind": "b", "arrival": 1.0, "e2e": 1.0, "ttft": 0.1, "tpot": 0.05, "tokens": 30},
+           {"kind": "b", "arrival": 1.0, "e2e": 1.0, "ttft": 0.1, "tpot": math.nan, "tokens": 1}]
+    assert serving.goodput(res, 0.2, 0.02) == pytest.approx(101 / 2.0)
+    assert serving.goodput(res, 1.0, 1.0, kind="a") == pytest.approx(150 / 2.0)
+    with pytest.raises(ValueError, match="positive"):
+        serving.goodput(res, 0.0, 0.02)
