@@ -75,31 +75,34 @@ def _decode_kernel(
 
     start = s * split_len
     end = tl.minimum(start + split_len, seq_len)
-    t_next = start + tl.arange(0, BLOCK_N)
-    page_next = tl.load(BT + b * stride_btb + t_next // PAGE, mask=PREFETCH & (t_next < end), other=0)
+    # PREFETCH: the block-table entries of the next tile are requested one step ahead, so the K and V
+    # loads of a step do not wait on a load of the same step (the compiler can then keep several tiles
+    # in flight)
+    if PAGE % BLOCK_N == 0:
+        page_next = tl.load(BT + b * stride_btb + start // PAGE, mask=PREFETCH & (start < end), other=0)
+    else:
+        t_next = start + tl.arange(0, BLOCK_N)
+        page_next = tl.load(BT + b * stride_btb + t_next // PAGE, mask=PREFETCH & (t_next < end), other=0)
     for n0 in range(start, end, BLOCK_N):
         t = n0 + tl.arange(0, BLOCK_N)
         tmask = t < end
-        if PREFETCH and PAGE % BLOCK_N != 0:
-            # small pages, the next tile's page numbers requested one step ahead
+        if PREFETCH:
             page = page_next.to(tl.int64)
-            t_next = t + BLOCK_N
-            page_next = tl.load(BT + b * stride_btb + t_next // PAGE, mask=t_next < end, other=0)
-            row = t % PAGE
-            k_off = page * stride_kp + kvh * stride_kh + row * stride_kt
-            v_off = page * stride_vp + kvh * stride_vh + row * stride_vt
+            if PAGE % BLOCK_N == 0:  # a tile never crosses a page: one entry, contiguous rows
+                page_next = tl.load(BT + b * stride_btb + (n0 + BLOCK_N) // PAGE, mask=n0 + BLOCK_N < end, other=0)
+                row = n0 % PAGE + tl.arange(0, BLOCK_N)
+            else:  # small pages: one entry per token
+                t_next = t + BLOCK_N
+                page_next = tl.load(BT + b * stride_btb + t_next // PAGE, mask=t_next < end, other=0)
+                row = t % PAGE
         elif PAGE % BLOCK_N == 0:
-            # a tile never crosses a page: one block-table entry, contiguous rows
             page = tl.load(BT + b * stride_btb + n0 // PAGE).to(tl.int64)
             row = n0 % PAGE + tl.arange(0, BLOCK_N)
-            k_off = page * stride_kp + kvh * stride_kh + row * stride_kt
-            v_off = page * stride_vp + kvh * stride_vh + row * stride_vt
         else:
-            # small pages: look up the page of every token
             page = tl.load(BT + b * stride_btb + t // PAGE, mask=tmask, other=0).to(tl.int64)
             row = t % PAGE
-            k_off = page * stride_kp + kvh * stride_kh + row * stride_kt
-            v_off = page * stride_vp + kvh * stride_vh + row * stride_vt
+        k_off = page * stride_kp + kvh * stride_kh + row * stride_kt
+        v_off = page * stride_vp + kvh * stride_vh + row * stride_vt
         k = tl.load(K + k_off[:, None] + dd[None, :], mask=tmask[:, None], other=0.0, eviction_policy=EVICT)
         if V_EARLY:  # both tiles requested before any arithmetic: twice the bytes in flight
             v = tl.load(V + v_off[:, None] + dd[None, :], mask=tmask[:, None], other=0.0, eviction_policy=EVICT)
