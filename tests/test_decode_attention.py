@@ -7,6 +7,8 @@ fp32 here (the interpreter computes bf16 wrongly); bf16 at full size is checked 
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -93,7 +95,8 @@ def test_choose_splits():
     assert da.choose_splits(programs=2048, max_len=4096, block_n=64, sms=132) == 1
     assert da.choose_splits(programs=1, max_len=100, block_n=64, sms=132) == 2  # no more than the tiles
     s = da.choose_splits(programs=1, max_len=1 << 20, block_n=64, sms=132)
-    assert s == 64 and s & (s - 1) == 0
+    assert s == 256 and s & (s - 1) == 0  # the cap
+    assert da.choose_splits(programs=1, max_len=1 << 20, block_n=64, sms=132, most=64) == 64
     # a group of 32 query heads: the partials to combine stay no larger than one split's share
     assert da.choose_splits(programs=1, max_len=4096, block_n=64, sms=132, group=32) == 8
     assert da.choose_splits(programs=1, max_len=4096, block_n=64, sms=132, group=4) == 32
@@ -143,7 +146,7 @@ def test_planned_launches_match_and_check_shapes():
 
 
 @pytest.mark.parametrize("prefetch", [True, False])
-@pytest.mark.parametrize("page", [1, 16])
+@pytest.mark.parametrize("page", [1, 16, 32, 64])
 def test_block_table_prefetch_either_way(prefetch, page):
     """Requesting the next tile's page numbers a step ahead must not change the result."""
     gen = torch.Generator().manual_seed(13 + page)
@@ -152,3 +155,27 @@ def test_block_table_prefetch_either_way(prefetch, page):
     out = plan(q, kc, vc, bt, sl)
     assert plan.meta["PREFETCH"] is prefetch
     assert rel_err(out, da.reference(q, kc, vc, bt, sl)) < 1e-5
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_block_table_prefetch_dense(prefetch):
+    """A contiguous cache is one page per request: the prefetch looks up one entry per tile."""
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(3, 4, 32, generator=gen)
+    k, v = torch.randn(2, 3, 2, 96, 32, generator=gen)
+    kc, bt = da.dense_as_paged(k)
+    sl = torch.tensor([96, 1, 33], dtype=torch.int32)
+    out = da.DecodeAttention(q, kc, v, bt, sl, num_splits=2, block_n=32, prefetch=prefetch)(q, kc, v, bt, sl)
+    assert rel_err(out, da.reference(q, kc, v, bt, sl)) < 1e-5
+
+
+def test_tiles_in_flight_reads_the_compiled_ring():
+    gen = torch.Generator().manual_seed(6)
+    q, kc, vc, bt, sl = paged_case([5, 40], 2, 4, 32, 16, torch.float32, gen)
+    plan = da.DecodeAttention(q, kc, vc, bt, sl, block_n=32)
+    assert plan.tiles_in_flight() is None  # nothing compiled in the interpreter
+    ring = "%k = ttg.local_alloc : () -> !ttg.memdesc<2x32x32xf32, #shared, #smem, mutable>"
+    plan.compiled = types.SimpleNamespace(asm={"ttgir": ring + "\n!ttg.memdesc<16x32xf32, #shared, #smem>"})
+    assert plan.tiles_in_flight() == 2
+    plan.compiled = types.SimpleNamespace(asm={"ttgir": "no shared buffers"})
+    assert plan.tiles_in_flight() is None

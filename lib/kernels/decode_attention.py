@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 
 import torch
 import triton
@@ -195,7 +196,7 @@ def _workspace(device, B, H_q, H_kv, D, splits):
 
 
 def choose_splits(programs: int, max_len: int, block_n: int, sms: int, group: int = 1, waves: float = 2.0,
-                  most: int = 64) -> int:
+                  most: int = 256) -> int:
     """Splits per (request, KV head): the smallest power of two giving ``waves`` programs per SM, within
     three caps: no more splits than the context has tiles of ``block_n`` tokens; at most ``most``; and at
     most sqrt(max_len / group), which keeps the partial results one program must combine at the end
@@ -241,15 +242,15 @@ class DecodeAttention:
     normal path. The workspace is shared by calls of the same shape: do not run two at once on different
     streams.
 
-    ``prefetch`` (pages smaller than a tile only): request the next tile's block-table entries one step
-    ahead. On the H200 this made groups of 32 query heads per KV head up to 1.4 times faster and groups of
-    4 up to 1.3 times slower (``tools/tune_decode_attention.py --pages``); None chooses it for groups of 16
-    or more.
+    ``prefetch`` (default True): request the next tile's block-table entries one step ahead. Without it a
+    step's K and V loads wait on that step's page lookup, and Triton's software pipeliner then keeps only
+    one tile in flight per program (``tiles_in_flight()`` reads it from the compiled kernel); with it,
+    ``num_stages - 1`` tiles. Chapter 3 measures both.
     """
 
     def __init__(self, q, k_cache, v_cache, block_table, seq_lens, *, max_seq_len=None, scale=None,
-                 num_splits=None, block_n=64, num_warps=4, num_stages=3, combine="auto", v_early=False, evict="",
-                 prefetch=None):
+                 num_splits=None, block_n=32, num_warps=4, num_stages=3, combine="auto", v_early=False, evict="",
+                 prefetch=True):
         _check(q, k_cache, v_cache, block_table, seq_lens)
         B, H_q, D = q.shape
         _, H_kv, page, _ = k_cache.shape
@@ -277,7 +278,7 @@ class DecodeAttention:
         block_g = max(16, triton.next_power_of_2(H_q // H_kv))
         self.meta = dict(G=H_q // H_kv, BLOCK_G=block_g, D=D, PAGE=page, BLOCK_N=block_n, SPLITS=splits,
                          INLINE=combine == "inline", V_EARLY=v_early, EVICT=evict,
-                         PREFETCH=(H_q // H_kv >= 16) if prefetch is None else bool(prefetch))
+                         PREFETCH=bool(prefetch))
         self.second = splits > 1 and combine == "kernel"  # the combine is a second launch
         self.combine_meta = dict(SPLITS=splits, D=D)
         self.meta_values = tuple(self.meta.values())
@@ -287,6 +288,18 @@ class DecodeAttention:
                       *v_cache.stride()[:3], block_table.stride(0), q.stride(0), q.stride(1))
         self.compiled = None
         self.compiled_combine = None
+
+    def tiles_in_flight(self) -> int | None:
+        """K tiles the compiled kernel keeps in flight per program: the depth of its shared-memory ring of
+        [block_n, d] buffers, read from the compiled kernel's Triton GPU IR. None before the first call on a
+        GPU, or in the interpreter (which compiles nothing)."""
+        ck = self.compiled
+        ir = getattr(ck, "asm", {}).get("ttgir") if ck is not None else None
+        if not ir:
+            return None
+        shape = f"x{self.meta['BLOCK_N']}x{self.meta['D']}x"
+        depths = [int(m) for m in re.findall(r"memdesc<(\d+)" + re.escape(shape), ir)]
+        return max(depths) if depths else None
 
     def __call__(self, q, k_cache, v_cache, block_table, seq_lens, out=None):
         if out is None:
@@ -334,7 +347,7 @@ def decode_attention(
     scale: float | None = None,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
-    block_n: int = 64,
+    block_n: int = 32,
     num_warps: int = 4,
     num_stages: int = 3,
     combine: str = "auto",
