@@ -90,6 +90,14 @@ def test_empty_splits_and_scale(combine):
     assert rel_err(out, da.reference(q, kc, vc, bt, sl, scale=0.3)) < 1e-5
 
 
+def test_choose_tile():
+    assert da.choose_tile(pairs=64, max_len=4096, sms=132, group=4) == (32, True)  # the seed: 8 splits of 512
+    assert da.choose_tile(pairs=64, max_len=16384, sms=132, group=4) == (64, False)  # splits of 2048 tokens
+    assert da.choose_tile(pairs=64, max_len=16384, sms=132, group=32) == (64, True)
+    assert da.choose_tile(pairs=2048, max_len=512, sms=132, group=1) == (64, False)  # many programs
+    assert da.choose_tile(pairs=1, max_len=131072, sms=132, group=32) == (32, True)  # 256 splits of 512
+
+
 def test_choose_splits():
     assert da.choose_splits(programs=64, max_len=4096, block_n=64, sms=132) == 8  # about 2 waves
     assert da.choose_splits(programs=2048, max_len=4096, block_n=64, sms=132) == 1

@@ -209,6 +209,20 @@ def choose_splits(programs: int, max_len: int, block_n: int, sms: int, group: in
     return splits
 
 
+def choose_tile(pairs: int, max_len: int, sms: int, group: int, split_group: int = 1) -> tuple[int, bool]:
+    """(block_n, prefetch) for ``pairs`` (request, KV head) pairs, from the H200 measurements of chapter 3.
+
+    Few pairs whose splits are short (at most 1024 tokens) leave each program's loads latency-bound: tiles
+    of 32 tokens with the block table prefetched, so the compiler keeps two tiles in flight per program.
+    Otherwise many programs share each SM and keep the memory busy between them: tiles of 64, with the
+    prefetch only for groups of 16 or more query heads per KV head. ``split_group`` is what
+    ``choose_splits`` gets as ``group``."""
+    splits = choose_splits(pairs, max_len, 32, sms, group=split_group)
+    if pairs < sms // 2 and math.ceil(max_len / splits) <= 1024:
+        return 32, True
+    return 64, group >= 16
+
+
 def _check(q, k_cache, v_cache, block_table, seq_lens):
     if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
         raise ValueError(
@@ -242,15 +256,17 @@ class DecodeAttention:
     normal path. The workspace is shared by calls of the same shape: do not run two at once on different
     streams.
 
-    ``prefetch`` (default True): request the next tile's block-table entries one step ahead. Without it a
+    ``block_n`` and ``prefetch`` default to ``choose_tile``'s choice.
+
+    ``prefetch``: request the next tile's block-table entries one step ahead. Without it a
     step's K and V loads wait on that step's page lookup, and Triton's software pipeliner then keeps only
     one tile in flight per program (``tiles_in_flight()`` reads it from the compiled kernel); with it,
     ``num_stages - 1`` tiles. Chapter 3 measures both.
     """
 
     def __init__(self, q, k_cache, v_cache, block_table, seq_lens, *, max_seq_len=None, scale=None,
-                 num_splits=None, block_n=32, num_warps=4, num_stages=3, combine="auto", v_early=False, evict="",
-                 prefetch=True):
+                 num_splits=None, block_n=None, num_warps=4, num_stages=3, combine="auto", v_early=False, evict="",
+                 prefetch=None):
         _check(q, k_cache, v_cache, block_table, seq_lens)
         B, H_q, D = q.shape
         _, H_kv, page, _ = k_cache.shape
@@ -259,8 +275,11 @@ class DecodeAttention:
             raise ValueError(f"combine must be 'auto', 'kernel' (a second, parallel launch) or 'inline' (the last "
                              f"split program combines), got {combine!r}")
         # an inline combine is serial in one program per group: fewer splits (see choose_splits)
-        splits = num_splits or choose_splits(B * H_kv, max_len, block_n, _sm_count(q.device),
-                                             group=H_q // H_kv if combine == "inline" else 1)
+        group = H_q // H_kv if combine == "inline" else 1
+        tile, fetch = choose_tile(B * H_kv, max_len, _sm_count(q.device), H_q // H_kv, group)
+        block_n = tile if block_n is None else block_n
+        prefetch = fetch if prefetch is None else prefetch
+        splits = num_splits or choose_splits(B * H_kv, max_len, block_n, _sm_count(q.device), group=group)
         if combine == "auto":  # a serial combine of a few partials costs less than a second launch
             combine = "inline" if splits <= INLINE_MAX_SPLITS else "kernel"
         self.combine = combine
@@ -347,7 +366,7 @@ def decode_attention(
     scale: float | None = None,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
-    block_n: int = 32,
+    block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int = 3,
     combine: str = "auto",
