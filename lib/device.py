@@ -105,8 +105,11 @@ def _git(*args: str) -> str | None:
 def commit() -> dict:
     """The code's git commit and whether the tree had uncommitted changes.
 
-    Where the tree is not a git checkout (a copy sent to a GPU node), BOOK_COMMIT may name it.
+    BOOK_COMMIT, when set, names it instead: a copy of the tree sent to a GPU node may carry a git
+    history whose HEAD is not the commit the copy was made from.
     """
+    if os.environ.get("BOOK_COMMIT"):
+        return {"commit": os.environ["BOOK_COMMIT"], "dirty": None}
     head = _git("rev-parse", "HEAD")
     if head:
         status = _git("status", "--porcelain", "--untracked-files=no")

@@ -42,6 +42,14 @@ def test_commit_falls_back_to_the_environment(monkeypatch):
     assert device.commit() == {"commit": "abc1234", "dirty": None}
 
 
+def test_book_commit_wins_over_the_copy_s_git(monkeypatch):
+    monkeypatch.setattr(device, "_git", lambda *a: "f" * 40 if a[0] == "rev-parse" else " M lib/x.py")
+    monkeypatch.setenv("BOOK_COMMIT", "abc1234")
+    assert device.commit() == {"commit": "abc1234", "dirty": None}
+    monkeypatch.delenv("BOOK_COMMIT")
+    assert device.commit() == {"commit": "f" * 40, "dirty": True}
+
+
 def test_clocks_without_a_gpu_is_none():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
