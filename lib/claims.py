@@ -82,6 +82,15 @@ class Claims:
             }
         ).set_index("claim")
 
+    def glue(self) -> None:
+        """Glue the table as ``claims_table``, and ``claims_held`` and ``claims_total`` (the book's status
+        page counts them)."""
+        from lib import glue
+
+        glue.table("claims_table", self.frame())
+        glue.number("claims_held", len(self.items) - len(self.failed))
+        glue.number("claims_total", len(self.items))
+
     def report(self) -> None:
         """Show the table; then raise (strict) or warn (otherwise) if a claim does not hold."""
         if not self.items:

@@ -58,3 +58,17 @@ def test_bad_claims_are_rejected():
         c.check("text value", "fast", at_least=0.0)
     with pytest.raises(ValueError, match="no claims"):
         Claims(strict=False).report()
+
+
+def test_glue_pastes_the_table_and_the_counts(monkeypatch):
+    from lib import glue
+
+    pasted = {}
+    monkeypatch.setattr(glue, "_paste", lambda name, value: pasted.__setitem__(name, value))
+    c = Claims(strict=False)
+    c.check("a", 1.0, at_least=0)
+    c.check("b", 1.0, at_most=0)
+    c.check("c", float("nan"), at_most=0)
+    c.glue()
+    assert pasted["claims_held"] == 1.0 and pasted["claims_total"] == 3.0
+    assert list(pasted["claims_table"]["holds"]) == ["yes", "NO", "NO"]
