@@ -12,6 +12,10 @@ NOTEBOOK_PKGS ?= papermill ipykernel nbclient myst-nb numpy pandas matplotlib tq
 # The Triton release installed where torch brings none (its CPU build): the reference machine's.
 TRITON ?= 3.6.0
 
+# The browser of `make check-html`: Debian's Chromium, installed when missing (as root, or with sudo).
+CHROMIUM ?= /usr/bin/chromium
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+
 # PYTHON=... on the command line uses that interpreter as it is (a GPU node with its own torch);
 # otherwise the targets create and use the pinned virtual environment in $(VENV): the book's part
 # for `make book`, all of it for the rest.
@@ -28,12 +32,15 @@ export IPYTHONDIR := $(CURDIR)/tools/ipython
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 unexport MPLBACKEND
 
-.PHONY: help book test measure notebooks wheelhouse check-fresh clean distclean
+.PHONY: help book test check-html devices measure notebooks wheelhouse check-fresh clean distclean
 
 help:
 	@echo "make book         build the site into _build/html from the committed notebooks"
-	@echo "make test         the whole suite: unit tests, kernels on the CPU, notebook smoke runs, nbval, book build"
+	@echo "make test         the whole suite: unit tests, kernels on the CPU, notebook smoke runs, nbval, book build,"
+	@echo "                  and the browser check of every page"
+	@echo "make check-html   build the site, open every page in headless Chromium, screenshots in _build/screenshots"
 	@echo "make measure      run every notebook in measure mode on this machine's GPU (chapter order)"
+	@echo "make devices      replay every other device's results in results/ for the book's devices page"
 	@echo "make notebooks    re-execute the committed notebooks in replay mode, in place (REFERENCE=$(REFERENCE))"
 	@echo "make wheelhouse   download the notebooks' wheels for Python $(PY) into .whl/ (for an offline GPU node)"
 	@echo "make check-fresh  list results whose code changed since they were measured"
@@ -56,12 +63,26 @@ book: $(BOOK_ENV)
 	$(PYTHON) -c "import sys; from jupyter_book.cli.main import main; sys.exit(main())" build . -W -n --keep-going
 	@echo "The book is built: open _build/html/index.html"
 
-test: $(ENV)
+test: $(ENV) $(CHROMIUM)
 	$(PYTHON) -m ruff check lib tests tools notebooks
-	$(PYTHON) -m pytest
+	BOOK_REQUIRE_BROWSER=1 $(PYTHON) -m pytest
+	$(MAKE) check-html
+
+check-html: $(ENV) $(CHROMIUM)
+	$(MAKE) book
+	$(PYTHON) tools/check_html.py _build/html --chromium $(CHROMIUM)
+
+$(CHROMIUM):
+	@command -v apt-get >/dev/null || { echo "$(CHROMIUM) is missing and this is not a Debian system: install \
+	  Chromium and run make with CHROMIUM=<its path>"; exit 1; }
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
 
 measure: $(ENV)
 	$(PYTHON) tools/book.py run --mode measure
+
+devices: $(ENV)
+	$(PYTHON) tools/book.py devices
 
 notebooks: $(ENV)
 	$(PYTHON) tools/book.py run --mode replay --reference $(REFERENCE)
@@ -85,4 +106,4 @@ clean:
 	find . -name __pycache__ -not -path "./$(VENV)/*" -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV) .whl
+	rm -rf $(VENV) .whl .cache

@@ -19,3 +19,8 @@ def test_book_builds_without_warnings(tmp_path):
     assert (html / "index.html").exists() and (html / "notebooks" / "00-the-machine.html").exists()
     assert "IPython.core.display" not in page  # every glued value rendered as text
     assert "copy_bw_GBps" not in page
+    # math is served by the site itself (a pinned MathJax), never from the network
+    assert (html / "_static" / "mathjax" / "tex-mml-chtml.js").exists()
+    assert 'src="../_static/mathjax/tex-mml-chtml.js' in page and "cdn.jsdelivr" not in page
+    status = (html / "book" / "status.html").read_text()
+    assert "claims hold" in status and "NVIDIA H200" in status

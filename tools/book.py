@@ -4,6 +4,8 @@
     python tools/book.py run --mode replay --reference nvidia-h200
     python tools/book.py run --mode measure --device cpu --size smoke --results-dir DIR --output-dir OUT
     python tools/book.py check-fresh                        # stale results, exit 1 if any
+    python tools/book.py devices                            # replay every other device's results for the
+                                                            # book's devices page (into _build/devices/)
 
 Chapter order matters: chapter 0 measures the ceilings the others read.
 """
@@ -98,6 +100,26 @@ def check_fresh(args) -> int:
     return 1 if stale else 0
 
 
+def devices(args) -> int:
+    """Replay each device's results (other than the reference) into _build/devices/<slug>/, where the
+    book's devices page finds the numbers the notebooks glue."""
+    from lib import status
+
+    others = [s for s in status.devices(args.results_dir) if s != results.REFERENCE]
+    if not others:
+        print(f"results/ holds only {results.REFERENCE}: nothing to replay")
+        return 0
+    base = Path(args.results_dir) if args.results_dir else results.RESULTS
+    for slug in others:
+        names = [n for n in status.chapter_notebooks(ROOT) if (base / slug / f"{n}.json").exists()]
+        rc = run(argparse.Namespace(notebooks=names, mode="replay", device="auto", size="auto", reference=slug,
+                                    results_dir=args.results_dir, output_dir=str(ROOT / status.DEVICES_DIR / slug),
+                                    no_progress=True))
+        if rc:
+            return rc
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -112,8 +134,10 @@ def main(argv=None) -> int:
     r.add_argument("--no-progress", action="store_true")
     c = sub.add_parser("check-fresh", help="list results whose code changed since they were measured")
     c.add_argument("--results-dir", default=None)
+    d = sub.add_parser("devices", help="replay every other device's results for the devices page")
+    d.add_argument("--results-dir", default=None)
     args = ap.parse_args(argv)
-    return run(args) if args.cmd == "run" else check_fresh(args)
+    return {"run": run, "check-fresh": check_fresh, "devices": devices}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,138 @@
+"""Where the book stands, read from results/ and the executed notebooks: the status and devices pages.
+
+- ``status_rows``: for each chapter, the device, date, commit and library versions of its reference
+  measurement, whether it is fresh (the code that measured it is unchanged), and how many of the
+  chapter's claims hold (as its committed notebook glued them: ``Claims.glue``).
+- ``HEADLINES`` and ``device_rows``: each chapter's headline numbers on every device that has results.
+  The numbers are the ones the chapter's own notebook glues, so nothing is computed twice: for the
+  reference device they come from the committed notebooks, for another device from the notebooks
+  replayed on its results (``python tools/book.py devices`` writes them under ``_build/devices/``).
+
+Chapters: the status page and the devices page (rendered by tools/book_ext.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from lib import results
+
+ROOT = Path(__file__).resolve().parent.parent
+DEVICES_DIR = Path("_build") / "devices"
+
+# (notebook, glue name, what it is, unit); every name is glued by that chapter's notebook
+HEADLINES = [
+    ("00-the-machine", "copy_bw_GBps", "HBM copy bandwidth", "GB/s"),
+    ("00-the-machine", "read_bw_GBps", "HBM read bandwidth", "GB/s"),
+    ("00-the-machine", "bf16_tflops", "dense bf16 matmul rate", "TFLOP/s"),
+    ("00-the-machine", "launch_graph_us", "kernel launch, CUDA graph", "us"),
+    ("00-the-machine", "launch_eager_us", "kernel launch, eager", "us"),
+    ("01-matrix-shapes", "measured_knee_M", "knee of Y = XW: tokens where time starts to grow", "tokens"),
+    ("02-roofline", "ridge_flop_per_byte", "roofline ridge", "FLOP/byte"),
+    ("02-roofline", "model_median_abs_err", "roofline model: median error", "-"),
+    ("03-kv-cache", "seed_paged_GBps", "decode attention, seed shape, paged kernel", "GB/s"),
+    ("03-kv-cache", "seed_sdpa_GBps", "decode attention, seed shape, SDPA", "GB/s"),
+    ("03-kv-cache", "speedup_vs_sdpa_seed", "paged kernel over SDPA, seed shape", "x"),
+    ("04-grouped-gemm", "speedup_vs_grouped_mm_median", "grouped GEMM over torch's, median", "x"),
+    ("04-grouped-gemm", "speedup_vs_loop_e64", "grouped GEMM over the eager loop, E = 64", "x"),
+    ("05-prefix-caching", "speedup_90pct_8k", "prefill speedup, 90% of 8k cached", "x"),
+    ("05-prefix-caching", "decode_us_min", "decode step, batch 1, shortest context", "us"),
+    ("06-batching", "fit_err_median", "step-cost model: median error", "-"),
+    ("06-batching", "incident_ttft_p95_ratio", "incident: chat TTFT P95 after / before", "x"),
+]
+
+
+def chapter_notebooks(root: Path = ROOT) -> list[str]:
+    """The chapters' notebook names, in order (00-the-machine, ...)."""
+    return sorted(p.stem for p in (Path(root) / "notebooks").glob("[0-9][0-9]-*.ipynb"))
+
+
+def glued(notebook_path: Path) -> dict:
+    """The values a notebook glued (numbers as floats, texts as strings), from its saved outputs."""
+    nb = json.loads(Path(notebook_path).read_text())
+    out = {}
+    for cell in nb.get("cells", []):
+        for o in cell.get("outputs", []):
+            book = o.get("metadata", {}).get("scrapbook", {})
+            name = book.get("name")
+            text = o.get("data", {}).get(book.get("mime_prefix", "") + "text/plain")
+            if name is None or text is None:
+                continue
+            text = "".join(text) if isinstance(text, list) else text
+            try:
+                out[name] = float(text)
+            except ValueError:
+                out[name] = text.strip().strip("'\"")
+    return out
+
+
+def devices(results_dir: Path | None = None) -> list[str]:
+    """Device slugs with at least one chapter's results, the reference first."""
+    base = Path(results_dir or results.RESULTS)
+    slugs = sorted(p.name for p in base.iterdir() if p.is_dir() and any(p.glob("[0-9][0-9]-*.json")))
+    return sorted(slugs, key=lambda s: (s != results.REFERENCE, s))
+
+
+def status_rows(results_dir: Path | None = None, root: Path = ROOT, slug: str = results.REFERENCE) -> list[dict]:
+    """One row per chapter: its reference measurement's provenance, freshness and claims."""
+    rows = []
+    for nb in chapter_notebooks(root):
+        path = results.path_for(nb, slug, results_dir)
+        row = {"chapter": nb, "results": path.exists()}
+        if path.exists():
+            rec = results.read(path, nb, slug)
+            prov = rec["provenance"]
+            stale = results.stale_reasons(rec, root)
+            row.update(device=prov.get("name"), date=str(prov.get("date", ""))[:10],
+                       commit=(prov.get("commit") or "")[:7] + ("+" if prov.get("dirty") else ""),
+                       torch=prov.get("torch"), triton=prov.get("triton"), cuda=prov.get("cuda"),
+                       driver=prov.get("driver"), fresh=not stale, stale=stale)
+        g = glued(Path(root) / "notebooks" / f"{nb}.ipynb")
+        row["claims_held"] = g.get("claims_held")
+        row["claims_total"] = g.get("claims_total")
+        rows.append(row)
+    return rows
+
+
+def headline_values(notebook_dir: Path) -> dict[tuple[str, str], float]:
+    """HEADLINES' values glued by the notebooks in ``notebook_dir`` (those that are there)."""
+    out = {}
+    for nb in sorted({h[0] for h in HEADLINES}):
+        path = Path(notebook_dir) / f"{nb}.ipynb"
+        if path.exists():
+            g = glued(path)
+            for h in HEADLINES:
+                if h[0] == nb and isinstance(g.get(h[1]), float):
+                    out[(nb, h[1])] = g[h[1]]
+    return out
+
+
+def device_rows(results_dir: Path | None = None, root: Path = ROOT, replayed: Path | None = None):
+    """(devices, rows, missing): each headline's value on every device, and its ratio to the reference.
+
+    The reference's values come from the committed notebooks; another device's from its replayed
+    notebooks under ``replayed/<slug>/``. ``missing`` lists the devices whose replayed notebooks are not
+    there (run ``python tools/book.py devices``)."""
+    replayed = Path(replayed or Path(root) / DEVICES_DIR)
+    slugs = devices(results_dir)
+    values, missing = {}, []
+    for slug in slugs:
+        where = Path(root) / "notebooks" if slug == results.REFERENCE else replayed / slug
+        values[slug] = headline_values(where) if where.exists() else {}
+        if slug != results.REFERENCE and not values[slug]:
+            missing.append(slug)
+    shown = [s for s in slugs if s not in missing]
+    rows = []
+    for nb, name, what, unit in HEADLINES:
+        row = {"chapter": nb, "name": name, "quantity": what, "unit": unit}
+        ref = values.get(results.REFERENCE, {}).get((nb, name))
+        for slug in shown:
+            v = values[slug].get((nb, name))
+            row[slug] = v
+            if slug != results.REFERENCE:
+                ok = v is not None and ref not in (None, 0) and math.isfinite(v) and math.isfinite(ref)
+                row[f"{slug} / {results.REFERENCE}"] = v / ref if ok else None
+        rows.append(row)
+    return shown, rows, missing
