@@ -155,9 +155,10 @@ def _directives():
             for r in rows:
                 self.env.note_dependency(str(ROOT / "notebooks" / f"{r['chapter']}.ipynb"))
             table = _table(
-                ["chapter", "device", "date", "commit", "torch", "triton", "CUDA", "driver", "fresh", "claims hold"],
-                [[r["chapter"], r.get("device", "no results"), r.get("date", "-"), r.get("commit", "-"),
-                  r.get("torch", "-"), r.get("triton", "-"), r.get("cuda", "-"), r.get("driver", "-"),
+                ["chapter", "measured on", "commit", "libraries", "fresh", "claims hold"],
+                [[r["chapter"], f"{r['device']}, {r['date']}" if r["results"] else "no results", r.get("commit", "-"),
+                  f"torch {r['torch']}, Triton {r['triton']}, CUDA {r['cuda']}, driver {r['driver']}"
+                  if r["results"] else "-",
                   ("yes" if r["fresh"] else "no: " + "; ".join(r["stale"])) if r["results"] else "-",
                   "-" if r["claims_total"] is None else f"{r['claims_held']:.0f} of {r['claims_total']:.0f}"]
                  for r in rows])
