@@ -171,15 +171,18 @@ class TinyLlama:
         blk = torch.as_tensor(blocks, device=self.device)
         pos = torch.arange(start, n, device=self.device)
         rows = self._slot_rows(pool, blk[pos // bs], pos % bs)  # where the new tokens' K and V go
-        every = torch.arange(n, device=self.device)
-        # rows of all n tokens, head-major [H_kv * n]: one index_select gathers a layer's K as [H_kv, n, d]
-        gather = self._slot_rows(pool, blk[every // bs], every % bs).view(n, c.kv_heads).t().reshape(-1)
+        # a layer's storage viewed as pages [blocks * H_kv, page * d]: one page holds one head's keys of one
+        # block, contiguous. Gathering the request's pages head by head gives [H_kv, pages * page, d] in one
+        # index_select of whole pages (not of single token rows, which reads at a fraction of the bandwidth)
+        pages = -(-n // bs)
+        heads = torch.arange(c.kv_heads, device=self.device)
+        gather = (blk[:pages][None, :] * c.kv_heads + heads[:, None]).reshape(-1)
         rope, mask = self._rope_tables(pos), _causal_mask(n - start, n)
         x = self.embed[ids[start:]]
         for li, L in enumerate(self.layers):
             q = self._attn_in(li, L, x, rope, pool, rows)
-            K = pool.k[li].view(-1, c.head_dim).index_select(0, gather).view(c.kv_heads, n, c.head_dim)
-            V = pool.v[li].view(-1, c.head_dim).index_select(0, gather).view(c.kv_heads, n, c.head_dim)
+            K = pool.k[li].view(-1, bs * c.head_dim).index_select(0, gather).view(c.kv_heads, -1, c.head_dim)[:, :n]
+            V = pool.v[li].view(-1, bs * c.head_dim).index_select(0, gather).view(c.kv_heads, -1, c.head_dim)[:, :n]
             x = self._attn_out_and_mlp(L, x, _causal_attention(q.transpose(0, 1), K, V, mask).transpose(0, 1))
         if last_only:
             x = x[-1:]
