@@ -7,6 +7,9 @@
 - ``{book-status}``: for each chapter, the device, date, commit and library versions of its reference
   measurement, whether it is fresh, and its claims held (``lib.status``).
 - ``{book-devices}``: every chapter's headline numbers on every device in results/, side by side.
+- ``{glue:figure}`` with ``:doc:``: a chapter page pastes its notebook's figure or table inside a
+  numbered, captioned figure that the prose can reference (myst-nb's own directive reads only the
+  glue of the page it is on).
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ def _download(url: str) -> bytes:
 
 def _config_inited(app, config):
     static = mathjax_static()
-    config.html_static_path = [*config.html_static_path, str(static)]
+    config.html_static_path = [*config.html_static_path, str(static), str(Path(__file__).parent / "static")]
     config.mathjax_path = "mathjax/tex-mml-chtml.js"
 
 
@@ -193,6 +196,51 @@ def _directives():
     return BookStatus, BookDevices
 
 
+def _paste_figure_from_doc():
+    from docutils import nodes
+    from docutils.parsers.rst import directives as spec
+    from myst_nb.ext.glue.directives import PasteFigureDirective
+    from myst_nb.ext.glue.utils import PendingGlueReferenceError, create_pending_glue_ref, glue_warning
+
+    class PasteFigureFromDoc(PasteFigureDirective):
+        """myst-nb's glue:figure, which also takes ``:doc:``: the same pending cross-document reference
+        that ``{glue}`` with ``:doc:`` creates, inside a figure with the directive's caption and name."""
+
+        option_spec = {**PasteFigureDirective.option_spec, "doc": spec.unchanged}
+
+        def run(self):
+            if "doc" not in self.options:
+                return super().run()
+            try:
+                ref = create_pending_glue_ref(self.document, self.source, self.line, self.options["doc"],
+                                              self.arguments[0])
+            except PendingGlueReferenceError as exc:
+                return [glue_warning(str(exc), self.document, self.line)]
+            figure = nodes.figure("", ref)
+            self.set_source_info(figure)
+            if self.options.get("figwidth") is not None:
+                figure["width"] = self.options["figwidth"]
+            if self.options.get("figclass"):
+                figure["classes"] += self.options["figclass"]
+            if self.options.get("align"):
+                figure["align"] = self.options["align"]
+            self.add_name(figure)
+            if self.content:
+                node = nodes.Element()
+                self.state.nested_parse(self.content, self.content_offset, node)
+                first = node[0]
+                if not isinstance(first, nodes.paragraph):
+                    return [figure, glue_warning("Figure caption must be a paragraph.", self.document, self.lineno)]
+                caption = nodes.caption(first.rawsource, "", *first.children)
+                caption.source, caption.line = first.source, first.line
+                figure += caption
+                if len(node) > 1:
+                    figure += nodes.legend("", *node[1:])
+            return [figure]
+
+    return PasteFigureFromDoc
+
+
 def setup(app):
     sys.path.insert(0, str(ROOT))
     app.connect("config-inited", _config_inited)
@@ -200,4 +248,6 @@ def setup(app):
     status, devices = _directives()
     app.add_directive("book-status", status)
     app.add_directive("book-devices", devices)
+    app.add_directive_to_domain("glue", "figure", _paste_figure_from_doc(), override=True)
+    app.add_css_file("book.css")
     return {"parallel_read_safe": True, "parallel_write_safe": True}
