@@ -61,3 +61,22 @@ def test_devices_side_by_side_with_ratios(tmp_path):
             assert r[ratio] == pytest.approx(0.5)
         else:  # measured on the reference only
             assert r["other-gpu"] is None and r[ratio] is None and r[results.REFERENCE] is not None
+
+
+def test_devices_command_replays_another_device_for_the_page(tmp_path):
+    """`tools/book.py devices` replays a second device's results; the page then shows its ratios (here
+    the same measurements under another name, so every ratio of chapter 0 is 1)."""
+    import subprocess
+    import sys
+
+    res = tmp_path / "results"
+    shutil.copytree(results.RESULTS / results.REFERENCE, res / results.REFERENCE)
+    (res / "other-gpu").mkdir()
+    shutil.copy(results.RESULTS / results.REFERENCE / "00-the-machine.json", res / "other-gpu")
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "book.py"), "devices", "--results-dir", str(res),
+                           "--output-dir", str(tmp_path / "replayed")], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    shown, rows, missing = status.device_rows(res, ROOT, tmp_path / "replayed")
+    assert shown == [results.REFERENCE, "other-gpu"] and missing == []
+    ch0 = [r for r in rows if r["chapter"] == "00-the-machine"]
+    assert ch0 and all(r[f"other-gpu / {results.REFERENCE}"] == pytest.approx(1.0) for r in ch0)

@@ -112,9 +112,9 @@ def devices(args) -> int:
     base = Path(args.results_dir) if args.results_dir else results.RESULTS
     for slug in others:
         names = [n for n in status.chapter_notebooks(ROOT) if (base / slug / f"{n}.json").exists()]
+        out = Path(args.output_dir) if args.output_dir else ROOT / status.DEVICES_DIR
         rc = run(argparse.Namespace(notebooks=names, mode="replay", device="auto", size="auto", reference=slug,
-                                    results_dir=args.results_dir, output_dir=str(ROOT / status.DEVICES_DIR / slug),
-                                    no_progress=True))
+                                    results_dir=args.results_dir, output_dir=str(out / slug), no_progress=True))
         if rc:
             return rc
     return 0
@@ -136,6 +136,7 @@ def main(argv=None) -> int:
     c.add_argument("--results-dir", default=None)
     d = sub.add_parser("devices", help="replay every other device's results for the devices page")
     d.add_argument("--results-dir", default=None)
+    d.add_argument("--output-dir", default=None, help="where the replayed notebooks go (default: _build/devices)")
     args = ap.parse_args(argv)
     return {"run": run, "check-fresh": check_fresh, "devices": devices}[args.cmd](args)
 
