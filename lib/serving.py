@@ -105,9 +105,18 @@ class MeasuredCostModel:
         decode step's extra cost: fixed, plus per token of KV read."""
         if len(m_points) != len(linear_s) or len(m_points) < 2 or list(m_points) != sorted(m_points):
             raise ValueError("need at least two increasing m_points, one time for each")
+        if not all(t > 0 and math.isfinite(t) for t in linear_s):
+            raise ValueError(f"every forward time must be positive and finite, got {list(linear_s)}")
+        costs = {"prefill_s_per_work": prefill_s_per_work, "decode_fixed_s": decode_fixed_s,
+                 "decode_s_per_kv_token": decode_s_per_kv_token, "overhead_s": overhead_s}
+        bad = {k: v for k, v in costs.items() if not (v >= 0 and math.isfinite(v))}
+        if bad:
+            raise ValueError(f"costs must be finite and >= 0, got {bad}: a negative slope fitted from timings means "
+                             f"their noise exceeds the effect; take it as 0 or measure larger sizes")
         return cls(m_points=tuple(m_points), linear_s=tuple(linear_s), layers=1, attn_fixed_s=decode_fixed_s,
-                   attn_BW_Bps=1.0 / decode_s_per_kv_token, attn_flops_per_token_ctx=prefill_s_per_work, P_flops=1.0,
-                   kv_bytes_per_token=1.0, overhead_s=overhead_s)
+                   attn_BW_Bps=1.0 / decode_s_per_kv_token if decode_s_per_kv_token else math.inf,
+                   attn_flops_per_token_ctx=prefill_s_per_work, P_flops=1.0, kv_bytes_per_token=1.0,
+                   overhead_s=overhead_s)
 
     def linear(self, m: int) -> float:
         ms, ts = self.m_points, self.linear_s
@@ -207,6 +216,9 @@ def simulate(reqs, cost: CostModel, policy: Policy) -> list[dict]:
     for r in reqs:
         if r["input"] < 1 or r["output"] < 1:
             raise ValueError(f"request {r['id']}: input and output must be at least 1 token")
+        if not (math.isfinite(float(r["arrival"])) and float(r["arrival"]) >= 0):
+            raise ValueError(f"request {r['id']}: arrival {r['arrival']!r} must be a finite time >= 0 (seconds); a NaN "
+                             f"or infinite arrival rate upstream gives such times")
         if policy.kv_capacity is not None and r["input"] + r["output"] > policy.kv_capacity:
             raise ValueError(f"request {r['id']} needs {r['input'] + r['output']} tokens of KV, more than the "
                              f"capacity {policy.kv_capacity}: raise kv_capacity or drop the request")
@@ -340,6 +352,9 @@ def simulate(reqs, cost: CostModel, policy: Policy) -> list[dict]:
         if policy.prefill_first and prefilling:  # a prefill step: the running requests' decode waits
             dec, dec_kv = [], 0
         dt = cost.step(pf_tokens + len(dec), pf_work, dec_kv)
+        if not (dt > 0 and math.isfinite(dt)):
+            raise ValueError(f"the cost model gives {dt!r} s for a step of {pf_tokens} prefill and {len(dec)} decode "
+                             f"tokens ({dec_kv} of KV): a step must take a positive, finite time; check its parameters")
         now += dt
         finished = []
         for x, take in prefilling:

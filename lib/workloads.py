@@ -10,6 +10,7 @@ Chapters: 5 (prefix caching); 6 uses the same seeds for its arrivals.
 
 from __future__ import annotations
 
+import math
 import random
 
 
@@ -50,8 +51,8 @@ def shared_prefix_prompts(n: int, *, seed: int = 0, vocab: int = 32000, system_p
 def arrival_times(n: int, rate: float, *, process: str = "poisson", cv: float = 1.0, seed: int = 0) -> list[float]:
     """``n`` arrival times (seconds) at ``rate`` requests per second: a Poisson process, or bursty
     (``process="gamma"``: gamma-distributed gaps with coefficient of variation ``cv`` > 1)."""
-    if n < 0 or rate <= 0 or cv <= 0:
-        raise ValueError(f"need n >= 0, rate > 0 and cv > 0; got n={n}, rate={rate}, cv={cv}")
+    if n < 0 or not (rate > 0 and math.isfinite(rate)) or not cv > 0:
+        raise ValueError(f"need n >= 0, a finite rate > 0 and cv > 0; got n={n}, rate={rate}, cv={cv}")
     rng = random.Random(seed)
     t, out = 0.0, []
     for _ in range(n):

@@ -167,3 +167,30 @@ def test_goodput_counts_only_requests_within_their_slos():
     assert serving.goodput(res, 1.0, 1.0, kind="a") == pytest.approx(150 / 2.0)
     with pytest.raises(ValueError, match="positive"):
         serving.goodput(res, 0.0, 0.02)
+
+
+def test_bad_costs_and_times_are_rejected_not_simulated():
+    """A NaN rate, a NaN arrival or a cost model that gives a non-positive step would stall or reverse the
+    clock: each is refused with a message saying what to fix."""
+    with pytest.raises(ValueError, match="finite rate"):
+        workloads.arrival_times(3, float("nan"))
+    with pytest.raises(ValueError, match="finite rate"):
+        workloads.arrival_times(3, math.inf)
+    ok = serving.MeasuredCostModel.fitted([1, 64], [1e-3, 2e-3], prefill_s_per_work=1e-9, decode_fixed_s=0.0,
+                                          decode_s_per_kv_token=0.0)
+    assert ok.step(4, 0.0, 100) == pytest.approx(ok.linear(4))  # no cost per KV token: none added
+    for bad in [dict(prefill_s_per_work=-1e-9), dict(decode_s_per_kv_token=float("nan")), dict(decode_fixed_s=-1.0)]:
+        kw = dict(prefill_s_per_work=1e-9, decode_fixed_s=0.0, decode_s_per_kv_token=1e-9) | bad
+        with pytest.raises(ValueError, match="finite and >= 0"):
+            serving.MeasuredCostModel.fitted([1, 64], [1e-3, 2e-3], **kw)
+    reqs = [{"id": 0, "arrival": float("nan"), "input": 8, "output": 2}]
+    with pytest.raises(ValueError, match="arrival"):
+        serving.simulate(reqs, ok, serving.Policy())
+
+    class Broken(serving.MeasuredCostModel):
+        def step(self, tokens, prefill_ctx_work, decode_kv_tokens):
+            return 0.0
+
+    zero = Broken(**{f: getattr(ok, f) for f in ok.__dataclass_fields__})
+    with pytest.raises(ValueError, match="positive, finite time"):
+        serving.simulate([{"id": 0, "arrival": 0.0, "input": 8, "output": 2}], zero, serving.Policy())
