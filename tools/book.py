@@ -25,10 +25,6 @@ from lib import results  # noqa: E402
 VOLATILE = ("papermill", "execution")
 
 
-def chapter_notebooks() -> list[Path]:
-    return sorted((ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb"))
-
-
 def _without_injected(path: Path):
     """The notebook with any earlier papermill-injected parameters cell removed."""
     import nbformat
@@ -68,7 +64,10 @@ def run(args) -> int:
         params["results_dir"] = str(Path(args.results_dir).resolve())
     # The kernels import lib from this checkout, installed or not (a GPU node with its own python).
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    notebooks = [ROOT / "notebooks" / f"{n}.ipynb" for n in args.notebooks] or chapter_notebooks()
+    from lib import status
+
+    names = args.notebooks or status.chapter_notebooks(ROOT)
+    notebooks = [ROOT / "notebooks" / f"{n}.ipynb" for n in names]
     out_dir = Path(args.output_dir).resolve() if args.output_dir else None
     if out_dir:
         out_dir.mkdir(parents=True, exist_ok=True)
