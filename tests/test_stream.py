@@ -1,4 +1,5 @@
-"""lib.kernels.stream.read_sum in Triton's interpreter: it reads every element once, tails included."""
+"""lib.kernels.stream in Triton's interpreter: read_sum reads every element once, tails included;
+read_pages_sum reads exactly the pages it is given."""
 
 from __future__ import annotations
 
@@ -27,3 +28,32 @@ def test_read_sum_rejects_bad_input():
         stream.read_sum(torch.randn(8, 8).t(), torch.randn(8, 8))
     with pytest.raises(ValueError, match="power of two"):
         stream.read_sum(a, a, block=100)
+
+
+@pytest.mark.parametrize("H_kv,page,d,n_pages,programs,block", [
+    (1, 16, 16, 7, 3, 64),     # several pages per step, a ragged last step
+    (2, 16, 16, 5, 2, 128),    # slab of 512 elements, 128 per step: pieces of a page
+    (1, 4, 4, 9, 4, 256),      # tiny pages, many per step
+    (4, 8, 8, 3, 1, 16),       # one program, smallest block
+])
+def test_read_pages_sum_reads_each_named_page(H_kv, page, d, n_pages, programs, block):
+    gen = torch.Generator().manual_seed(n_pages * 10 + H_kv)
+    k = torch.randn(n_pages + 4, H_kv, page, d, generator=gen).to(torch.float16)
+    v = torch.randn(n_pages + 4, H_kv, page, d, generator=gen).to(torch.float16)
+    pages = torch.randperm(n_pages + 4, generator=gen)[:n_pages].to(torch.int32)  # some pages never named
+    part = stream.read_pages_sum(k, v, pages, programs=programs, block=block)
+    assert part.shape[0] <= programs
+    idx = pages.long()
+    want = k[idx].double().sum() + v[idx].double().sum()
+    assert abs(part.double().sum() - want) < 1e-3 * k[idx].numel() ** 0.5 + 1e-4
+
+
+def test_read_pages_sum_rejects_bad_input():
+    k = torch.randn(4, 1, 16, 16)
+    with pytest.raises(ValueError, match="int32"):
+        stream.read_pages_sum(k, k, torch.arange(4))
+    with pytest.raises(ValueError, match="contiguous"):
+        stream.read_pages_sum(k, k.transpose(2, 3), torch.arange(4, dtype=torch.int32))
+    with pytest.raises(ValueError, match="power of two"):
+        stream.read_pages_sum(k[..., :12].contiguous(), k[..., :12].contiguous(), torch.arange(4, dtype=torch.int32))
+    assert float(stream.read_pages_sum(k, k, torch.zeros(0, dtype=torch.int32)).sum()) == 0

@@ -55,16 +55,17 @@ def _decode_kernel(
     stride_btb,
     stride_ob, stride_oh,
     # meta-parameters
-    G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+    G: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_BLOCKS: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, INLINE: tl.constexpr = True, V_EARLY: tl.constexpr = False,
     EVICT: tl.constexpr = "", PREFETCH: tl.constexpr = False,
 ):
     b = tl.program_id(0)
-    kvh = tl.program_id(1)
+    pair = tl.program_id(1)  # (KV head, block of its query heads)
+    kvh = pair // HEAD_BLOCKS
     s = tl.program_id(2)
     seq_len = tl.load(LENS + b)
 
-    g = tl.arange(0, BLOCK_G)
+    g = (pair % HEAD_BLOCKS) * BLOCK_G + tl.arange(0, BLOCK_G)
     gmask = g < G
     heads = kvh * G + g
     dd = tl.arange(0, D)
@@ -130,7 +131,7 @@ def _decode_kernel(
         # INLINE: the last program of the group combines (acq_rel: our partials are visible before the
         # count moves, so the last one sees them all); otherwise _combine_kernel runs next
         if INLINE:
-            done = tl.atomic_add(CNT + b * H_KV + kvh, 1)
+            done = tl.atomic_add(CNT + b * H_KV * HEAD_BLOCKS + pair, 1)
             if done == SPLITS - 1:
                 sp = tl.arange(0, SPLITS)
                 ms = tl.load(PM + part[:, None] + sp[None, :], mask=gmask[:, None], other=float("-inf"),
@@ -149,7 +150,7 @@ def _decode_kernel(
                     out += a_i * w[:, None]
                 out = out / tl.where(total > 0, total, 1.0)[:, None]
                 tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=gmask[:, None])
-                tl.atomic_xchg(CNT + b * H_KV + kvh, 0)  # ready for the next call
+                tl.atomic_xchg(CNT + b * H_KV * HEAD_BLOCKS + pair, 0)  # ready for the next call
 
 
 @triton.jit
@@ -181,15 +182,16 @@ def _sm_count(device: torch.device) -> int:
 _WORKSPACE: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
 
-def _workspace(device, B, H_q, H_kv, D, splits):
-    key = (device, B, H_q, H_kv, D, splits)
+def _workspace(device, B, H_q, programs, D, splits):
+    """Partial results of every split, and one arrival counter per (request, program of the group)."""
+    key = (device, B, H_q, programs, D, splits)
     ws = _WORKSPACE.get(key)
     if ws is None:
         ws = (
             torch.empty(B * H_q * splits * D, device=device, dtype=torch.float32),
             torch.empty(B * H_q * splits, device=device, dtype=torch.float32),
             torch.empty(B * H_q * splits, device=device, dtype=torch.float32),
-            torch.zeros(B * H_kv, device=device, dtype=torch.int32),
+            torch.zeros(B * programs, device=device, dtype=torch.int32),
         )
         _WORKSPACE[key] = ws
     return ws
@@ -221,6 +223,11 @@ def choose_tile(pairs: int, max_len: int, sms: int, group: int, split_group: int
     if pairs < sms // 2 and math.ceil(max_len / splits) <= 1024:
         return 32, True
     return 64, group >= 16
+
+
+def choose_head_block(pairs: int, max_len: int, sms: int, group: int) -> int:
+    """Query heads per program: the whole group (padded to 16, the smallest tl.dot), unless noted."""
+    return max(16, triton.next_power_of_2(group))
 
 
 def _check(q, k_cache, v_cache, block_table, seq_lens):
@@ -266,20 +273,28 @@ class DecodeAttention:
 
     def __init__(self, q, k_cache, v_cache, block_table, seq_lens, *, max_seq_len=None, scale=None,
                  num_splits=None, block_n=None, num_warps=4, num_stages=3, combine="auto", v_early=False, evict="",
-                 prefetch=None):
+                 prefetch=None, head_block=None):
         _check(q, k_cache, v_cache, block_table, seq_lens)
         B, H_q, D = q.shape
         _, H_kv, page, _ = k_cache.shape
+        G = H_q // H_kv
         max_len = max_seq_len if max_seq_len is not None else block_table.shape[1] * page
         if combine not in ("auto", "kernel", "inline"):
             raise ValueError(f"combine must be 'auto', 'kernel' (a second, parallel launch) or 'inline' (the last "
                              f"split program combines), got {combine!r}")
+        sms = _sm_count(q.device)
+        block_g = choose_head_block(B * H_kv, max_len, sms, G) if head_block is None else head_block
+        if block_g < 16 or block_g & (block_g - 1):
+            raise ValueError(f"head_block must be a power of two >= 16 (the smallest tl.dot), got {block_g}")
+        block_g = min(block_g, max(16, triton.next_power_of_2(G)))
+        head_blocks = triton.cdiv(G, block_g)
+        programs = B * H_kv * head_blocks  # before splitting the context
         # an inline combine is serial in one program per group: fewer splits (see choose_splits)
-        group = H_q // H_kv if combine == "inline" else 1
-        tile, fetch = choose_tile(B * H_kv, max_len, _sm_count(q.device), H_q // H_kv, group)
+        group = min(G, block_g) if combine == "inline" else 1
+        tile, fetch = choose_tile(programs, max_len, sms, G, group)
         block_n = tile if block_n is None else block_n
         prefetch = fetch if prefetch is None else prefetch
-        splits = num_splits or choose_splits(B * H_kv, max_len, block_n, _sm_count(q.device), group=group)
+        splits = num_splits or choose_splits(programs, max_len, block_n, sms, group=group)
         if combine == "auto":  # a serial combine of a few partials costs less than a second launch
             combine = "inline" if splits <= INLINE_MAX_SPLITS else "kernel"
         self.combine = combine
@@ -287,15 +302,14 @@ class DecodeAttention:
             raise ValueError(f"num_splits must be a power of two, got {splits}")
         split_len = triton.cdiv(triton.cdiv(max_len, splits), block_n) * block_n
         scale = D ** -0.5 if scale is None else scale
-        self.grid = (B, H_kv, splits)
+        self.grid = (B, H_kv * head_blocks, splits)
         self.grid_heads = H_q
         self.splits = splits
-        self.workspace = _workspace(q.device, B, H_q, H_kv, D, splits)
+        self.workspace = _workspace(q.device, B, H_q, H_kv * head_blocks, D, splits)
         self.shapes = (q.shape, k_cache.shape, block_table.shape, q.stride(), k_cache.stride(), v_cache.stride(),
                        block_table.stride())
         self.scalars = (scale * LOG2E, split_len, H_q, H_kv)
-        block_g = max(16, triton.next_power_of_2(H_q // H_kv))
-        self.meta = dict(G=H_q // H_kv, BLOCK_G=block_g, D=D, PAGE=page, BLOCK_N=block_n, SPLITS=splits,
+        self.meta = dict(G=G, BLOCK_G=block_g, HEAD_BLOCKS=head_blocks, D=D, PAGE=page, BLOCK_N=block_n, SPLITS=splits,
                          INLINE=combine == "inline", V_EARLY=v_early, EVICT=evict,
                          PREFETCH=bool(prefetch))
         self.second = splits > 1 and combine == "kernel"  # the combine is a second launch
@@ -370,6 +384,7 @@ def decode_attention(
     num_warps: int = 4,
     num_stages: int = 3,
     combine: str = "auto",
+    head_block: int | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per request over a paged KV cache; returns [B, H_q, d].
 
@@ -383,7 +398,7 @@ def decode_attention(
         raise ValueError(f"out must be like q {tuple(q.shape)} {q.dtype}, contiguous in its last dimension")
     plan = DecodeAttention(q, k_cache, v_cache, block_table, seq_lens, max_seq_len=max_seq_len, scale=scale,
                            num_splits=num_splits, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
-                           combine=combine)
+                           combine=combine, head_block=head_block)
     return plan(q, k_cache, v_cache, block_table, seq_lens, out=out)
 
 

@@ -36,6 +36,36 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @triton.jit
+def _schedule(OFFS, E, N, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Every expert's tile count and where its tiles end, from the offsets alone (in registers)."""
+    ee = tl.arange(0, BLOCK_E)
+    emask = ee < E
+    lo = tl.load(OFFS + ee, mask=emask, other=0)
+    hi = tl.load(OFFS + ee + 1, mask=emask, other=0)
+    count = tl.maximum(hi - lo, 0)
+    tiles_m = (count + BLOCK_M - 1) // BLOCK_M
+    tiles = tiles_m * ((N + BLOCK_N - 1) // BLOCK_N)
+    ends = tl.cumsum(tiles, 0)  # inclusive: the first tile id after expert e
+    total = tl.sum(tiles, 0)
+    ends = tl.where(emask, ends, total + 1)  # padding never counts as a finished expert
+    return ee, lo, hi, tiles_m, tiles, ends, total
+
+
+@triton.jit
+def _tile(tile, ee, lo, hi, tiles_m, tiles, ends):
+    """Expert, its rows [row0, row1) and the (row, column) block of tile id ``tile``."""
+    e = tl.sum((ends <= tile).to(tl.int32), 0)  # experts wholly before this tile; empty ones included
+    sel = ee == e
+    t = tile - (tl.sum(tl.where(sel, ends, 0), 0) - tl.sum(tl.where(sel, tiles, 0), 0))
+    tm_count = tl.sum(tl.where(sel, tiles_m, 0), 0)
+    row0 = tl.sum(tl.where(sel, lo, 0), 0)
+    row1 = tl.sum(tl.where(sel, hi, 0), 0)
+    tm = t % tm_count  # rows fastest: neighbouring tiles share w[e]'s column block
+    tn = t // tm_count
+    return e, row0, row1, tm, tn
+
+
+@triton.jit
 def _grouped_gemm_kernel(
     X, W, Y, OFFS,
     E, N, K,
@@ -44,29 +74,9 @@ def _grouped_gemm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    # the schedule, from the offsets alone: tiles of every expert and where each expert's tiles start
-    ee = tl.arange(0, BLOCK_E)
-    emask = ee < E
-    lo = tl.load(OFFS + ee, mask=emask, other=0)
-    hi = tl.load(OFFS + ee + 1, mask=emask, other=0)
-    count = tl.maximum(hi - lo, 0)
-    tiles_m = (count + BLOCK_M - 1) // BLOCK_M
-    tiles_n = (N + BLOCK_N - 1) // BLOCK_N
-    tiles = tiles_m * tiles_n
-    ends = tl.cumsum(tiles, 0)  # inclusive: the first tile id after expert e
-    total = tl.sum(tiles, 0)
-    ends = tl.where(emask, ends, total + 1)  # padding never counts as a finished expert
-
+    ee, lo, hi, tiles_m, tiles, ends, total = _schedule(OFFS, E, N, BLOCK_E, BLOCK_M, BLOCK_N)
     for tile in range(pid, total, NUM_PROGRAMS):
-        e = tl.sum((ends <= tile).to(tl.int32), 0)  # experts wholly before this tile; empty ones included
-        sel = ee == e
-        t = tile - (tl.sum(tl.where(sel, ends, 0), 0) - tl.sum(tl.where(sel, tiles, 0), 0))
-        tm_count = tl.sum(tl.where(sel, tiles_m, 0), 0)
-        row0 = tl.sum(tl.where(sel, lo, 0), 0)
-        row1 = tl.sum(tl.where(sel, hi, 0), 0)
-        tm = t % tm_count  # rows fastest: neighbouring tiles share w[e]'s column block
-        tn = t // tm_count
-
+        e, row0, row1, tm, tn = _tile(tile, ee, lo, hi, tiles_m, tiles, ends)
         rows = row0 + tm * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
         rmask = rows < row1
@@ -82,6 +92,34 @@ def _grouped_gemm_kernel(
             acc = tl.dot(a, b, acc)
         y_ptr = Y + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :] * stride_yn
         tl.store(y_ptr, acc.to(Y.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+
+
+@triton.jit
+def _grouped_gemm_tma_kernel(
+    x_desc, w_desc, Y, OFFS,
+    E, N, K, stride_ym, stride_yn,
+    NUM_PROGRAMS: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr, WS: tl.constexpr, FLATTEN: tl.constexpr,
+):
+    """The same schedule, with the tiles brought in by the tensor-memory accelerator (TMA): a
+    descriptor over x [T, K] and one over w [E, K, N]; the unit fills what lies past T, K or N with
+    zeros, so only the store is masked (rows past the expert's end belong to the next expert)."""
+    pid = tl.program_id(0)
+    ee, lo, hi, tiles_m, tiles, ends, total = _schedule(OFFS, E, N, BLOCK_E, BLOCK_M, BLOCK_N)
+    for tile in tl.range(pid, total, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WS):
+        e, row0, row1, tm, tn = _tile(tile, ee, lo, hi, tiles_m, tiles, ends)
+        r0 = row0 + tm * BLOCK_M
+        c0 = tn * BLOCK_N
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+            a = x_desc.load([r0, k0])
+            b = w_desc.load([e, k0, c0]).reshape(BLOCK_K, BLOCK_N)
+            acc = tl.dot(a, b, acc)
+        rows = r0 + tl.arange(0, BLOCK_M)
+        cols = c0 + tl.arange(0, BLOCK_N)
+        y_ptr = Y + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :] * stride_yn
+        tl.store(y_ptr, acc.to(Y.dtype.element_ty), mask=(rows < row1)[:, None] & (cols < N)[None, :])
 
 
 @functools.cache
@@ -113,16 +151,39 @@ def _check(x, w, offsets, out):
             raise ValueError(f"offsets must be non-decreasing within [0, T={T}]; got {offsets.tolist()}")
 
 
+def choose_config(T: int, E: int) -> dict:
+    """Tile and launch for T routed tokens over E experts, from the H200 measurements of chapter 4: few
+    tokens per expert leave each expert's product a thin row block that only streams w[e], so small
+    row tiles and two programs per SM keep more of w in flight; many tokens per expert make it a real
+    matrix product, best served by the largest tile."""
+    per_expert = T / max(E, 1)
+    if per_expert <= 2:
+        return dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4, programs_per_sm=2)
+    if per_expert <= 32:
+        return dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3, programs_per_sm=2)
+    return dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, programs_per_sm=1)
+
+
+def _tma_ok(x, w, out):
+    """TMA needs 16-byte aligned bases and strides, and unit strides in the last dimension."""
+    es = x.element_size()
+    return (x.stride(1) == 1 and w.stride(2) == 1
+            and not (x.data_ptr() % 16 or w.data_ptr() % 16)
+            and not ((x.stride(0) * es) % 16 or (w.stride(0) * es) % 16 or (w.stride(1) * es) % 16))
+
+
 def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
-                 num_programs: int | None = None, block_m: int = 128, block_n: int = 256, block_k: int = 64,
-                 num_warps: int = 8, num_stages: int = 3) -> torch.Tensor:
+                 num_programs: int | None = None, block_m: int | None = None, block_n: int | None = None,
+                 block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+                 tma: bool = False, warp_specialize: bool = False, flatten: bool = False) -> torch.Tensor:
     """y[offsets[e]:offsets[e+1]] = x[offsets[e]:offsets[e+1]] @ w[e] for every expert e, in one launch.
 
     x: [T, K] (tokens sorted by expert), w: [E, K, N], offsets: int32 [E + 1], non-decreasing, within
     [0, T] (checked when on the CPU; on the GPU checking would cost a synchronization). Rows of ``out``
     that no expert owns are left as they were (``out`` defaults to zeros then). Returns [T, N].
-    The default tile, 128 x 256 x 64 with 8 warps, was the fastest of five in 10 of 12 MoE cases on the
-    H200 (``results/nvidia-h200/tuning/grouped-gemm-first-look.json``).
+    Launch parameters left as None come from ``choose_config(T, E)``. ``tma``: load tiles through
+    tensor descriptors (Hopper's TMA) where the strides allow it, else the masked pointer loads;
+    ``warp_specialize`` and ``flatten`` pass to that kernel's tile loop.
     """
     _check(x, w, offsets, out)
     T, K = x.shape
@@ -131,15 +192,30 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out
         out = torch.zeros(T, N, device=x.device, dtype=x.dtype)
     if E == 0 or T == 0 or N == 0:
         return out
-    programs = num_programs or _sm_count(x.device)
+    cfg = choose_config(T, E)
+    block_m = block_m or cfg["block_m"]
+    block_n = block_n or cfg["block_n"]
+    block_k = block_k or cfg["block_k"]
+    num_warps = num_warps or cfg["num_warps"]
+    num_stages = num_stages or cfg["num_stages"]
+    programs = num_programs or cfg["programs_per_sm"] * _sm_count(x.device)
     if programs < 1:
         raise ValueError(f"num_programs must be at least 1, got {programs}")
+    meta = dict(NUM_PROGRAMS=programs, BLOCK_E=max(16, triton.next_power_of_2(E)), BLOCK_M=block_m, BLOCK_N=block_n,
+                BLOCK_K=block_k, num_warps=num_warps)
+    if tma and K and _tma_ok(x, w, out):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [block_m, block_k])
+        w_desc = TensorDescriptor(w, list(w.shape), list(w.stride()), [1, block_k, block_n])
+        _grouped_gemm_tma_kernel[(programs,)](
+            x_desc, w_desc, out, offsets, E, N, K, out.stride(0), out.stride(1),
+            STAGES=num_stages, WS=warp_specialize, FLATTEN=flatten, **meta)
+        return out
     _grouped_gemm_kernel[(programs,)](
         x, w, out, offsets, E, N, K,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
-        NUM_PROGRAMS=programs, BLOCK_E=max(16, triton.next_power_of_2(E)),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
-    )
+        num_stages=num_stages, **meta)
     return out
 
 

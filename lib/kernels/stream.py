@@ -5,6 +5,11 @@ program (so the loads cannot be dropped). Its time for the bytes of a KV cache i
 decode-attention kernel reading those bytes could do on this machine at this size: the kernel's
 arithmetic, its page lookups and its reduction come on top. Chapter 3 sets every path against it.
 
+``read_pages_sum(k_cache, v_cache, pages)`` reads the same kind of bytes the way a paged cache holds
+them: page by page, in the order a block table names them, each page's slab [H_kv, page_size, d]
+contiguous but the pages scattered. Against ``read_sum`` over as many bytes it gives what scattering
+costs the memory system itself, before any attention kernel.
+
 Chapters: 3.
 """
 
@@ -45,4 +50,60 @@ def read_sum(a: torch.Tensor, b: torch.Tensor, *, programs: int = 1024, block: i
     elif out.shape != (grid,) or out.dtype != torch.float32:
         raise ValueError(f"out must be float32 of shape ({grid},) for these arguments")
     _read_sum_kernel[(grid,)](a, b, out, n, n_per, BLOCK=block, num_warps=num_warps)
+    return out
+
+
+@triton.jit
+def _read_pages_kernel(K, V, PAGES, OUT, n_units, per_prog, CHUNK: tl.constexpr, SUB: tl.constexpr,
+                       ROWS: tl.constexpr):
+    """Units are (entry of PAGES, piece of SUB elements of that page's CHUNK); ROWS units per step, the
+    page numbers of the next step requested one step ahead (so the loads do not wait on them)."""
+    PIECES: tl.constexpr = CHUNK // SUB
+    pid = tl.program_id(0)
+    start = pid * per_prog
+    end = tl.minimum(start + per_prog, n_units)
+    r = tl.arange(0, ROWS)
+    c = tl.arange(0, SUB)
+    acc = tl.zeros([ROWS, SUB], tl.float32)
+    nxt = tl.load(PAGES + (start + r) // PIECES, mask=start + r < end, other=0)
+    for u0 in range(start, end, ROWS):
+        u = u0 + r
+        m = u < end
+        page = nxt.to(tl.int64)
+        nxt = tl.load(PAGES + (u + ROWS) // PIECES, mask=u + ROWS < end, other=0)
+        off = page[:, None] * CHUNK + ((u % PIECES) * SUB)[:, None] + c[None, :]
+        acc += tl.load(K + off, mask=m[:, None], other=0.0).to(tl.float32)
+        acc += tl.load(V + off, mask=m[:, None], other=0.0).to(tl.float32)
+    tl.store(OUT + pid, tl.sum(tl.sum(acc, 1), 0))
+
+
+def read_pages_sum(k_cache: torch.Tensor, v_cache: torch.Tensor, pages: torch.Tensor, *, programs: int = 1024,
+                   block: int = 4096, num_warps: int = 4, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Read, for every page number in ``pages`` (int32, any order, e.g. a flattened block table), that
+    page's whole slab of ``k_cache`` and ``v_cache`` ([num_pages, H_kv, page_size, d], contiguous);
+    return float32 partial sums, one per program, whose total is the sum of those slabs. Each step
+    reads ``block`` elements of each cache: several small pages, or a piece of a large one."""
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError(f"k_cache and v_cache must be contiguous [num_pages, H_kv, page_size, d] of one shape; got "
+                         f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+    if pages.dtype != torch.int32 or pages.dim() != 1 or pages.device != k_cache.device:
+        raise ValueError(f"pages must be a 1-D int32 tensor on {k_cache.device} (a block table: .flatten()); got "
+                         f"{pages.dtype} {tuple(pages.shape)} on {pages.device}")
+    chunk = k_cache[0].numel()
+    if programs < 1 or block < 16 or block & (block - 1) or chunk & (chunk - 1):
+        raise ValueError(f"programs must be >= 1, block a power of two >= 16 and a page's slab H_kv * page_size * d "
+                         f"a power of two; got {programs}, {block}, {chunk}")
+    sub = min(chunk, block)
+    n_units = pages.numel() * (chunk // sub)
+    per = max(1, triton.cdiv(n_units, programs))
+    grid = max(1, triton.cdiv(n_units, per))
+    if out is None:
+        out = torch.empty(grid, device=k_cache.device, dtype=torch.float32)
+    elif out.shape != (grid,) or out.dtype != torch.float32:
+        raise ValueError(f"out must be float32 of shape ({grid},) for these arguments")
+    if n_units:
+        _read_pages_kernel[(grid,)](k_cache, v_cache, pages, out, n_units, per, CHUNK=chunk, SUB=sub,
+                                    ROWS=max(1, block // sub), num_warps=num_warps)
+    else:
+        out.zero_()
     return out
