@@ -115,6 +115,18 @@ def test_choose_tile():
     assert da.choose_tile(pairs=1, max_len=131072, sms=132, group=32) == (32, True)  # 256 splits of 512
 
 
+def test_choose_head_block_and_its_plan():
+    assert da.choose_head_block(pairs=64, max_len=512, sms=132, group=32) == 16  # MQA, short: blocks of 16
+    assert da.choose_head_block(pairs=64, max_len=4096, sms=132, group=32) == 32  # long: one program per group
+    assert da.choose_head_block(pairs=8, max_len=512, sms=132, group=32) == 32  # few pairs: split the context
+    assert da.choose_head_block(pairs=64, max_len=512, sms=132, group=4) == 16  # a small group is padded to 16
+    gen = torch.Generator().manual_seed(11)
+    q, kc, vc, bt, sl = paged_case([33, 7], 1, 32, 32, 16, torch.float32, gen)
+    plan = da.DecodeAttention(q, kc, vc, bt, sl)  # 2 pairs on the interpreter's 4 "SMs": blocks of 16
+    assert (plan.meta["BLOCK_G"], plan.meta["HEAD_BLOCKS"], plan.splits, plan.meta["BLOCK_N"]) == (16, 2, 1, 128)
+    assert rel_err(plan(q, kc, vc, bt, sl), da.reference(q, kc, vc, bt, sl)) < 1e-5
+
+
 def test_choose_splits():
     assert da.choose_splits(programs=64, max_len=4096, block_n=64, sms=132) == 8  # about 2 waves
     assert da.choose_splits(programs=2048, max_len=4096, block_n=64, sms=132) == 1

@@ -2,7 +2,8 @@
 
 Fresh random inputs; M, N, K at tile - 1, tile + 1, 1 and 0; empty experts (all of them, and between
 non-empty ones); leading dimensions that are not multiples of 16; a guard region after every output; a
-small number of programs so that each loops over several tiles. fp16 and fp32 here (the interpreter
+small number of programs so that each loops over several tiles. Both kernels: TMA descriptors (rows
+16-byte aligned) and masked pointer loads (rows that are not). fp16 and fp32 here (the interpreter
 computes bf16 wrongly); bf16 at full size is checked on the GPU.
 """
 
@@ -56,9 +57,14 @@ def rel_err(out, ref):
     ([1, 1, 1, 1, 1, 1, 1], 1, BN),               # K = 1, many one-token experts
     ([3 * BM, BM], 3 * BK, 2 * BN + 7),           # several tiles per expert in both directions
 ])
-def test_matches_reference(Ms, K, N, dtype):
+@pytest.mark.parametrize("tma", [False, True])
+def test_matches_reference(Ms, K, N, dtype, tma):
     gen = torch.Generator().manual_seed(sum(Ms) * 31 + K * 7 + N)
-    x, w, offsets = case(Ms, K, N, dtype, gen, pad_k=3, pad_n=5)
+    if tma:  # rows padded to 8 elements more than a multiple of 8: 16-byte aligned, not multiples of 16
+        x, w, offsets = case(Ms, K, N, dtype, gen, pad_k=(-K) % 8 + 8, pad_n=(-N) % 8 + 8)
+    else:  # rows of x an odd number of elements apart: only the masked pointer loads can take them
+        x, w, offsets = case(Ms, K, N, dtype, gen, pad_k=3 if K % 2 == 0 else 2, pad_n=5)
+    assert gg.tma_applies(x, w) == tma
     out = run_guarded(x, w, offsets, num_programs=3)  # few programs: each loops over several tiles
     assert rel_err(out, gg.reference(x, w, offsets)) < TOL[dtype]
 
@@ -90,9 +96,18 @@ def test_rows_no_expert_owns_are_left_alone():
     w = torch.randn(2, 16, 8, generator=gen)
     offsets = torch.tensor([2, 5, 7], dtype=torch.int32)  # rows 0-1 and 7-9 belong to nobody
     out = torch.full((10, 8), 7.0)
-    gg.grouped_gemm(x, w, offsets, out=out, block_m=BM, block_n=BN, block_k=BK, num_programs=1)
-    assert torch.equal(out[:2], torch.full((2, 8), 7.0)) and torch.equal(out[7:], torch.full((3, 8), 7.0))
-    assert rel_err(out[2:7], gg.reference(x, w, offsets)[2:7]) < 1e-5
+    for tma in (False, True):  # TMA reads rows 7-9 as the last expert's tile; the store must not write them
+        out = torch.full((10, 8), 7.0)
+        gg.grouped_gemm(x, w, offsets, out=out, block_m=BM, block_n=BN, block_k=BK, num_programs=1, tma=tma)
+        assert torch.equal(out[:2], torch.full((2, 8), 7.0)) and torch.equal(out[7:], torch.full((3, 8), 7.0))
+        assert rel_err(out[2:7], gg.reference(x, w, offsets)[2:7]) < 1e-5
+
+
+def test_choose_config_follows_tokens_per_expert():
+    small, mid, big = gg.choose_config(64, 64), gg.choose_config(1024, 64), gg.choose_config(8192, 8)
+    assert small["block_m"] < mid["block_m"] < big["block_m"]
+    assert small["programs_per_sm"] == mid["programs_per_sm"] == 2 and big["programs_per_sm"] == 1
+    assert all(c["block_m"] * c["block_k"] * c["num_stages"] > 0 for c in (small, mid, big))
 
 
 def test_tile_schedule_of_the_seed():

@@ -12,7 +12,8 @@ request (``block_table[b, 0] = b``, page_size = L).
 The kernel (chapter 3 explains it):
 
 - GQA-aware: a program serves one (request, KV head) and all H_q/H_kv query heads that share it, so each
-  byte of K and V is loaded once per step, not once per query head.
+  byte of K and V is loaded once per step, not once per query head. Groups of 32 or more heads over
+  short contexts are served by several programs of 16 heads each (``choose_head_block``).
 - Split-KV (flash-decoding): the context is cut into ``num_splits`` ranges handled by separate programs,
   so that B * H_kv * num_splits programs keep the SMs busy even for one request.
 - Each split keeps a running maximum and sum (online softmax, in base 2, fp32 accumulation) and writes
@@ -226,7 +227,14 @@ def choose_tile(pairs: int, max_len: int, sms: int, group: int, split_group: int
 
 
 def choose_head_block(pairs: int, max_len: int, sms: int, group: int) -> int:
-    """Query heads per program: the whole group (padded to 16, the smallest tl.dot), unless noted."""
+    """Query heads per program, from the H200 measurements of chapter 3: the whole group (padded to 16,
+    the smallest tl.dot), except for groups of 32 or more over short contexts (at most 1024 tokens) with
+    enough (request, KV head) pairs to fill a quarter of the SMs. There, splitting the context would
+    write partial results as large as the context itself (group x d floats per split); blocks of 16
+    heads give the SMs work instead, each block reading the same K and V (the second read mostly from
+    the L2). Over long contexts the blocks drift apart and the second read goes to HBM."""
+    if group >= 32 and max_len <= 1024 and pairs >= sms // 4:
+        return 16
     return max(16, triton.next_power_of_2(group))
 
 
@@ -292,6 +300,9 @@ class DecodeAttention:
         # an inline combine is serial in one program per group: fewer splits (see choose_splits)
         group = min(G, block_g) if combine == "inline" else 1
         tile, fetch = choose_tile(programs, max_len, sms, G, group)
+        if head_blocks > 1:  # short contexts (choose_head_block): one program per block reads it all
+            tile, fetch = 128, True
+            num_splits = num_splits or 1
         block_n = tile if block_n is None else block_n
         prefetch = fetch if prefetch is None else prefetch
         splits = num_splits or choose_splits(programs, max_len, block_n, sms, group=group)

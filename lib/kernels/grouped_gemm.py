@@ -10,13 +10,17 @@ schedules them by output tile, statically (chapter 4 explains it):
 
 - expert e has ceil(M_e / BLOCK_M) * ceil(N / BLOCK_N) output tiles; numbered one expert after
   another, they form one range of tile ids 0 .. total - 1;
-- ``num_programs`` programs are launched (by default one per SM) and program p takes tiles p,
-  p + num_programs, p + 2 num_programs, ...: no global queue, no atomics;
+- ``num_programs`` programs are launched (one or two per SM, ``choose_config``) and program p takes
+  tiles p, p + num_programs, p + 2 num_programs, ...: no global queue, no atomics;
 - every program computes the tile counts from ``offsets`` itself (a prefix sum over E values in
   registers), so the token counts never travel to the host: one launch, no synchronization;
 - within an expert, consecutive tile ids walk down the rows of one column block of w[e], so programs
   running side by side share the same weight tile in the L2;
-- every load and store is masked on M, N and K: any M (0 included), N and K, and strided inputs.
+- tiles are loaded by the tensor-memory accelerator (TMA) through descriptors of x [T, K] and
+  w [E, K, N], which fill what lies past T, K or N with zeros; only the store is masked on the
+  expert's rows. Where strides rule TMA out, every load and store is masked on M, N and K instead:
+  any M (0 included), N and K, and strided inputs.
+- the tile size follows the tokens per expert (``choose_config``).
 
 Accumulation is in fp32; inputs fp16, bf16 or fp32. ``tile_schedule`` is the same schedule in plain
 Python (the seed's worked example).
@@ -152,20 +156,21 @@ def _check(x, w, offsets, out):
 
 
 def choose_config(T: int, E: int) -> dict:
-    """Tile and launch for T routed tokens over E experts, from the H200 measurements of chapter 4: few
-    tokens per expert leave each expert's product a thin row block that only streams w[e], so small
-    row tiles and two programs per SM keep more of w in flight; many tokens per expert make it a real
-    matrix product, best served by the largest tile."""
+    """Tile and launch for T routed tokens over E experts, from the H200 measurements of chapter 4
+    (``results/nvidia-h200/tuning/grouped-gemm-tiles.json``). Few tokens per expert make each expert's
+    product a thin row block that streams w[e]: small row tiles, and two programs per SM to keep more
+    of w in flight. Many tokens per expert make it a real matrix product: the largest tile."""
     per_expert = T / max(E, 1)
     if per_expert <= 2:
-        return dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4, programs_per_sm=2)
+        return dict(block_m=32, block_n=128, block_k=64, num_warps=4, num_stages=4, programs_per_sm=2)
     if per_expert <= 32:
-        return dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3, programs_per_sm=2)
+        return dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4, programs_per_sm=2)
     return dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, programs_per_sm=1)
 
 
-def _tma_ok(x, w, out):
-    """TMA needs 16-byte aligned bases and strides, and unit strides in the last dimension."""
+def tma_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether ``grouped_gemm`` can load x and w through TMA descriptors: 16-byte aligned bases and
+    strides, unit strides in the last dimension."""
     es = x.element_size()
     return (x.stride(1) == 1 and w.stride(2) == 1
             and not (x.data_ptr() % 16 or w.data_ptr() % 16)
@@ -175,15 +180,16 @@ def _tma_ok(x, w, out):
 def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
                  num_programs: int | None = None, block_m: int | None = None, block_n: int | None = None,
                  block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                 tma: bool = False, warp_specialize: bool = False, flatten: bool = False) -> torch.Tensor:
+                 tma: bool | None = None, warp_specialize: bool = False, flatten: bool = False) -> torch.Tensor:
     """y[offsets[e]:offsets[e+1]] = x[offsets[e]:offsets[e+1]] @ w[e] for every expert e, in one launch.
 
     x: [T, K] (tokens sorted by expert), w: [E, K, N], offsets: int32 [E + 1], non-decreasing, within
     [0, T] (checked when on the CPU; on the GPU checking would cost a synchronization). Rows of ``out``
     that no expert owns are left as they were (``out`` defaults to zeros then). Returns [T, N].
-    Launch parameters left as None come from ``choose_config(T, E)``. ``tma``: load tiles through
-    tensor descriptors (Hopper's TMA) where the strides allow it, else the masked pointer loads;
-    ``warp_specialize`` and ``flatten`` pass to that kernel's tile loop.
+    Launch parameters left as None come from ``choose_config(T, E)``. ``tma``: load the tiles through
+    tensor descriptors (Hopper's tensor-memory accelerator; None: whenever the strides allow it, i.e.
+    unit stride in the last dimension and 16-byte aligned rows), else masked pointer loads (False, or
+    strides TMA cannot take); ``warp_specialize`` and ``flatten`` pass to the TMA kernel's tile loop.
     """
     _check(x, w, offsets, out)
     T, K = x.shape
@@ -203,7 +209,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out
         raise ValueError(f"num_programs must be at least 1, got {programs}")
     meta = dict(NUM_PROGRAMS=programs, BLOCK_E=max(16, triton.next_power_of_2(E)), BLOCK_M=block_m, BLOCK_N=block_n,
                 BLOCK_K=block_k, num_warps=num_warps)
-    if tma and K and _tma_ok(x, w, out):
+    if tma is not False and K and tma_applies(x, w):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [block_m, block_k])
