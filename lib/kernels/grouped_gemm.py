@@ -35,6 +35,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from triton.runtime import _allocation
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -100,16 +101,21 @@ def _grouped_gemm_kernel(
 
 @triton.jit
 def _grouped_gemm_tma_kernel(
-    x_desc, w_desc, Y, OFFS,
-    E, N, K, stride_ym, stride_yn,
+    X, W, Y, OFFS,
+    T, E, N, K,
+    stride_xm, stride_we, stride_wk, stride_ym, stride_yn,
     NUM_PROGRAMS: tl.constexpr, BLOCK_E: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     STAGES: tl.constexpr, WS: tl.constexpr, FLATTEN: tl.constexpr,
 ):
-    """The same schedule, with the tiles brought in by the tensor-memory accelerator (TMA): a
-    descriptor over x [T, K] and one over w [E, K, N]; the unit fills what lies past T, K or N with
-    zeros, so only the store is masked (rows past the expert's end belong to the next expert)."""
+    """The same schedule, with the tiles brought in by the tensor-memory accelerator (TMA): each program
+    builds a descriptor of x [T, K] and one of w [E, K, N] on the device (no host work per launch);
+    the unit fills what lies past T, K or N with zeros, so only the store is masked (rows past the
+    expert's end belong to the next expert)."""
     pid = tl.program_id(0)
+    x_desc = tl.make_tensor_descriptor(X, shape=[T, K], strides=[stride_xm, 1], block_shape=[BLOCK_M, BLOCK_K])
+    w_desc = tl.make_tensor_descriptor(W, shape=[E, K, N], strides=[stride_we, stride_wk, 1],
+                                       block_shape=[1, BLOCK_K, BLOCK_N])
     ee, lo, hi, tiles_m, tiles, ends, total = _schedule(OFFS, E, N, BLOCK_E, BLOCK_M, BLOCK_N)
     for tile in tl.range(pid, total, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WS):
         e, row0, row1, tm, tn = _tile(tile, ee, lo, hi, tiles_m, tiles, ends)
@@ -124,6 +130,11 @@ def _grouped_gemm_tma_kernel(
         cols = c0 + tl.arange(0, BLOCK_N)
         y_ptr = Y + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :] * stride_yn
         tl.store(y_ptr, acc.to(Y.dtype.element_ty), mask=(rows < row1)[:, None] & (cols < N)[None, :])
+
+
+def _descriptor_memory(size: int, alignment: int, stream):
+    """Global memory for the descriptors the TMA kernel builds on the device (128 bytes each)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
 
 
 @functools.cache
@@ -210,12 +221,10 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out
     meta = dict(NUM_PROGRAMS=programs, BLOCK_E=max(16, triton.next_power_of_2(E)), BLOCK_M=block_m, BLOCK_N=block_n,
                 BLOCK_K=block_k, num_warps=num_warps)
     if tma is not False and K and tma_applies(x, w):
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [block_m, block_k])
-        w_desc = TensorDescriptor(w, list(w.shape), list(w.stride()), [1, block_k, block_n])
+        if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):  # keep one the caller set
+            triton.set_allocator(_descriptor_memory)
         _grouped_gemm_tma_kernel[(programs,)](
-            x_desc, w_desc, out, offsets, E, N, K, out.stride(0), out.stride(1),
+            x, w, out, offsets, T, E, N, K, x.stride(0), w.stride(0), w.stride(1), out.stride(0), out.stride(1),
             STAGES=num_stages, WS=warp_specialize, FLATTEN=flatten, **meta)
         return out
     _grouped_gemm_kernel[(programs,)](
