@@ -1,6 +1,6 @@
 """Check and time grouped-GEMM paths for MoE shapes on a GPU; prints one table.
 
-    python tools/bench_grouped_gemm.py [--out rows.json]
+    python tools/bench_grouped_gemm.py [--out rows.json] [--tiles | --tma]
 
 For each shape (E experts, K, N), token count and routing: correctness of the lib kernel in bf16 against
 a float32 reference, then GPU time (CUDA-graph replay) and call time (eager) of an eager loop of
@@ -12,6 +12,7 @@ A first look ahead of chapter 4's notebook.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -106,10 +107,90 @@ def measure_case(E, K, N, w, w_nk, T, routing, gen, P, BW, rows):
     print(f"E={E} K={K} N={N} T={T} {routing} done", flush=True)
 
 
+TILES = [(128, 256, 64, 8, 3, 1), (16, 64, 128, 4, 6, 1), (16, 128, 128, 4, 5, 1), (16, 128, 64, 4, 6, 1),
+         (16, 256, 64, 4, 4, 1), (32, 128, 128, 4, 4, 1), (32, 64, 128, 4, 6, 1), (64, 128, 64, 4, 4, 1),
+         (64, 128, 128, 4, 4, 1), (64, 256, 64, 8, 3, 1), (128, 128, 64, 8, 4, 1), (128, 128, 64, 4, 4, 1),
+         (128, 256, 64, 8, 4, 1), (64, 256, 64, 4, 4, 1), (16, 128, 128, 4, 4, 2), (32, 128, 64, 4, 4, 2),
+         (64, 128, 64, 4, 3, 2), (16, 64, 128, 4, 4, 2)]  # block m, n, k, warps, stages, programs per SM
+
+
+def _tile_variants(E, T, sms, tma):
+    if not tma:
+        return [(f"{bm}x{bn}x{bk} w{nw} s{ns} x{pm}", dict(tma=False, block_m=bm, block_n=bn, block_k=bk, num_warps=nw,
+                                                         num_stages=ns, num_programs=pm * sms))
+                for bm, bn, bk, nw, ns, pm in TILES]
+    variants = [("rule", dict(tma=False)), ("rule tma", dict(tma=True))]
+    if T / E > 32:
+        return variants + [(f"tma 128x{bn}x64 s{ns} ws{int(ws)} fl{int(fl)}",
+                            dict(tma=True, block_m=128, block_n=bn, block_k=64, num_warps=8, num_stages=ns,
+                                 warp_specialize=ws, flatten=fl, num_programs=sms))
+                           for bn, ns, ws, fl in itertools.product([128, 256], [3, 4], [False, True], [False, True])]
+    return variants + [(f"tma {bm}x{bn}x{bk} s{ns} x2", dict(tma=True, block_m=bm, block_n=bn, block_k=bk, num_warps=4,
+                                                               num_stages=ns, num_programs=2 * sms))
+                       for bm, bn, bk, ns in [(16, 128, 128, 4), (32, 128, 64, 4), (64, 128, 64, 4), (16, 64, 128, 6)]]
+
+
+def _tile_case(E, K, N, w, T, routing, gen, sms, P, BW, tma):
+    dev = "cuda"
+    counts = counts_for(T, E, routing, gen)
+    offs = torch.tensor([0] + counts.cumsum(0).tolist(), dtype=torch.int32, device=dev)
+    ends = offs[1:].contiguous()
+    x = torch.randn(T, K, device=dev, dtype=torch.bfloat16)
+    used = int((counts > 0).sum())
+    floor = max(2 * T * K * N / P, 2 * (used * K * N + T * K + T * N) / BW) * 1e6
+    ref = torch._grouped_mm(x, w, offs=ends)
+    gm = timing.bench([lambda: torch._grouped_mm(x, w, offs=ends)], device=dev, reps=5, target_ms=1.0).gpu_us.median
+    out = torch.empty(T, N, device=dev, dtype=torch.bfloat16)
+    rows = []
+    for name, kw in _tile_variants(E, T, sms, tma):
+        def fn(kw=kw):
+            return gg.grouped_gemm(x, w, offs, out=out, **kw)
+        try:
+            out.fill_(float("nan"))
+            fn()
+            err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+            assert err < 2e-2, err
+            t = timing.bench([fn], device=dev, reps=5, target_ms=1.0)
+        except Exception as ex:  # a configuration this compiler or the GPU refuses
+            print("failed", E, T, routing, name, type(ex).__name__, str(ex)[:160], flush=True)
+            continue
+        rows.append(dict(E=E, K=K, N=N, T=T, routing=routing, path=name, kw=kw, gpu_us=t.gpu_us.median,
+                         call_us=t.call_us.median, floor_us=floor, grouped_mm_us=gm))
+    return rows
+
+
+def sweep_tiles(out_path, tma):
+    """The lib kernel over tile shapes, warps, stages and programs per SM (pointer loads; or TMA loads, with
+    warp specialization and loop flattening tried for the large tiles, against the tile rule), against
+    torch._grouped_mm, on the chapter's MoE shapes; correctness against grouped_mm's output first."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    c = ceilings.load("nvidia-h200")
+    P, BW = c["bf16_tflops"] * 1e12, c["copy_bw_GBps"] * 1e9
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for E, K, N in [(8, 4096, 14336), (64, 2048, 1408), (128, 7168, 2048), (256, 7168, 2048)]:
+        w = torch.randn(E, K, N, device="cuda", dtype=torch.bfloat16) * 0.02
+        for T, routing in itertools.product([64, 1024, 8192, 16384], ["uniform", "0.1"]):
+            if (E == 8 and T == 64) or (E != 8 and T == 16384):
+                continue
+            rows += _tile_case(E, K, N, w, T, routing, gen, sms, P, BW, tma)
+            print(f"E={E} T={T} {routing} done", flush=True)
+            if out_path:
+                tmp = Path(str(out_path) + ".tmp")
+                tmp.write_text(json.dumps(rows, indent=1))
+                tmp.replace(out_path)
+        torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
+    ap.add_argument("--tiles", action="store_true", help="the lib kernel's tiles with pointer loads")
+    ap.add_argument("--tma", action="store_true", help="the lib kernel with TMA loads, against its tile rule")
     args = ap.parse_args()
+    if args.tiles or args.tma:
+        return sweep_tiles(args.out, tma=args.tma)
     dev = "cuda"
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)

@@ -26,6 +26,7 @@ import triton.language as tl  # noqa: E402
 
 from lib import profile, timing  # noqa: E402
 from lib.kernels import decode_attention as da  # noqa: E402
+from lib.kernels import stream  # noqa: E402
 
 
 @triton.jit
@@ -203,6 +204,104 @@ def sweep_pipeline(out_path, budget_s=420.0):
             tmp.replace(out_path)
 
 
+def _write(rows, out_path):
+    if out_path:
+        tmp = Path(str(out_path) + ".tmp")
+        tmp.write_text(json.dumps(rows, indent=1))
+        tmp.replace(out_path)
+
+
+def sweep_heads(out_path):
+    """MQA shapes (and long GQA ones): blocks of 16 query heads against the whole group, with tiles and
+    splits for the short contexts; and the read-only kernels over the same bytes contiguous and paged."""
+    dev = "cuda"
+    gen = torch.Generator(device=dev).manual_seed(0)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    rows = []
+    shapes = [(b, n, 1) for b in (1, 8, 64) for n in (512, 2048, 4096, 16384, 131072)]
+    shapes += [(8, 16384, 8), (64, 16384, 8), (8, 131072, 8), (1, 131072, 8), (8, 4096, 8)]
+    for B, L, H_kv in shapes:
+        H_q, D = 32, 128
+        nbytes = 2 * B * L * H_kv * D * 2
+        data = [make(B, H_q, H_kv, L, D, 16, dev, gen) for _ in range(timing.rotation(nbytes, l2))]
+        q, k, v, kc, vc, bt, lens = data[0]
+        ref = da.reference(q[:2], kc, vc, bt[:2], lens[:2])
+
+        def add(path, fns, shape=(B, L, H_kv), **extra):
+            t = timing.bench(fns, device=dev, reps=11, target_ms=1.0)
+            rows.append(dict(B=shape[0], L=shape[1], H_kv=shape[2], path=path, gpu_us=t.gpu_us.median,
+                             call_us=t.call_us.median, **extra))
+            return rows[-1]
+        sdpa = add("sdpa", [lambda d=d: F.scaled_dot_product_attention(d[0].unsqueeze(2), d[1], d[2], enable_gqa=True)
+                            for d in data])["gpu_us"]
+        add("read-only", [lambda d=d: stream.read_sum(d[1], d[2]) for d in data])
+        flat = [d[5].flatten() for d in data]
+        for progs in (1024, 4096):
+            add(f"read-only paged {progs}", [lambda d=d, f=f, n=progs: stream.read_pages_sum(d[3], d[4], f, programs=n)
+                                             for d, f in zip(data, flat)])
+        dbt = da.dense_as_paged(k)[1]
+        cfgs = [("dense", {}), ("paged", {})]
+        if H_kv == 1:
+            cfgs.append(("paged", dict(head_block=16)))
+            if L <= 4096:
+                cfgs += [("paged", dict(head_block=16, block_n=bn, num_splits=sp, prefetch=pf))
+                         for bn, sp, pf in itertools.product([32, 64, 128], [1, 2, 4], [True, False])]
+            else:
+                cfgs += [("paged", dict(head_block=16, block_n=64, prefetch=pf, num_stages=ns))
+                         for pf, ns in itertools.product([True, False], [3, 4])]
+                cfgs.append(("dense", dict(head_block=16)))
+        for layout, cfg in cfgs:
+            kk, vv, bb = (k, v, dbt) if layout == "dense" else (kc, vc, bt)
+            plan = da.DecodeAttention(q, kk, vv, bb, lens, **cfg)
+            err = ((plan(q, kk, vv, bb, lens)[:2].double() - ref.double()).norm() / ref.double().norm()).item()
+            assert err < 1e-2, (B, L, H_kv, cfg, err)
+            fns = ([lambda d=d, plan=plan, dbt=dbt, lens=lens: plan(d[0], d[1], d[2], dbt, lens) for d in data]
+                   if layout == "dense" else
+                   [lambda d=d, plan=plan, lens=lens: plan(d[0], d[3], d[4], d[5], lens) for d in data])
+            r = add(f"kernel {layout}", fns, cfg=cfg, splits=plan.splits, block_n=plan.meta["BLOCK_N"],
+                    hb=plan.meta["BLOCK_G"])
+            r["vs_sdpa"] = sdpa / r["gpu_us"]
+        print(f"shape B={B} L={L} H_kv={H_kv} done", flush=True)
+        del data
+        torch.cuda.empty_cache()
+        _write(rows, out_path)
+
+
+def sweep_long_mqa(out_path):
+    """Long contexts with one KV head: page 16 against contiguous over tiles, splits and pipeline depth."""
+    dev = "cuda"
+    gen = torch.Generator(device=dev).manual_seed(0)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    rows = []
+    for B, L, H_kv in [(64, 131072, 1), (8, 131072, 1), (1, 131072, 1), (64, 16384, 1), (8, 131072, 8)]:
+        H_q, D = 32, 128
+        nbytes = 2 * B * L * H_kv * D * 2
+        data = [make(B, H_q, H_kv, L, D, 16, dev, gen) for _ in range(timing.rotation(nbytes, l2))]
+        q, k, v, kc, vc, bt, lens = data[0]
+        ref = da.reference(q[:1], kc, vc, bt[:1], lens[:1])
+        dbt = da.dense_as_paged(k)[1]
+        base = da.DecodeAttention(q, kc, vc, bt, lens).splits
+        cfgs = [("dense", {}), ("paged", {})]
+        cfgs += [("paged", dict(block_n=bn, num_splits=sp, num_stages=ns, prefetch=True))
+                 for bn, sp, ns in itertools.product([16, 32, 64], [base, 2 * base], [3, 4])]
+        cfgs += [("dense", dict(num_splits=2 * base)), ("dense", dict(num_stages=4))]
+        for layout, cfg in cfgs:
+            kk, vv, bb = (k, v, dbt) if layout == "dense" else (kc, vc, bt)
+            plan = da.DecodeAttention(q, kk, vv, bb, lens, **cfg)
+            err = ((plan(q, kk, vv, bb, lens)[:1].double() - ref.double()).norm() / ref.double().norm()).item()
+            assert err < 1e-2, (B, L, H_kv, cfg, err)
+            fns = ([lambda d=d, plan=plan, dbt=dbt, lens=lens: plan(d[0], d[1], d[2], dbt, lens) for d in data]
+                   if layout == "dense" else
+                   [lambda d=d, plan=plan, lens=lens: plan(d[0], d[3], d[4], d[5], lens) for d in data])
+            t = timing.bench(fns, device=dev, reps=11, target_ms=1.0)
+            rows.append(dict(B=B, L=L, H_kv=H_kv, layout=layout, cfg=cfg, splits=plan.splits, block_n=plan.meta["BLOCK_N"],
+                             prefetch=plan.meta["PREFETCH"], gpu_us=t.gpu_us.median, tif=plan.tiles_in_flight()))
+        print(f"shape B={B} L={L} H_kv={H_kv} done", flush=True)
+        del data
+        torch.cuda.empty_cache()
+        _write(rows, out_path)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -210,7 +309,13 @@ def main():
     ap.add_argument("--splits", action="store_true", help="time every split count against choose_splits' choice")
     ap.add_argument("--pages", action="store_true", help="page 16 against contiguous, with and without prefetch")
     ap.add_argument("--pipeline", action="store_true", help="tile, warps, pipeline depth, prefetch, then splits")
+    ap.add_argument("--heads", action="store_true", help="blocks of 16 query heads; read-only over pages")
+    ap.add_argument("--long-mqa", action="store_true", help="page 16 against contiguous at long MQA contexts")
     args = ap.parse_args()
+    if args.heads:
+        return sweep_heads(args.out)
+    if args.long_mqa:
+        return sweep_long_mqa(args.out)
     if args.pipeline:
         return sweep_pipeline(args.out)
     if args.splits:
