@@ -211,6 +211,21 @@ def _write(rows, out_path):
         tmp.replace(out_path)
 
 
+def _checked_plan(data, ref, layout, cfg):
+    """A planned launch on the dense (``layout="dense"``) or paged cache of ``data[0]``, checked against
+    ``ref`` (its first requests), and its calls over every input set."""
+    q, k, v, kc, vc, bt, lens = data[0]
+    dbt = da.dense_as_paged(k)[1]
+    kk, vv, bb = (k, v, dbt) if layout == "dense" else (kc, vc, bt)
+    plan = da.DecodeAttention(q, kk, vv, bb, lens, **cfg)
+    n = ref.shape[0]
+    err = ((plan(q, kk, vv, bb, lens)[:n].double() - ref.double()).norm() / ref.double().norm()).item()
+    assert err < 1e-2, (tuple(q.shape), layout, cfg, err)
+    if layout == "dense":
+        return plan, [lambda d=d: plan(d[0], d[1], d[2], dbt, lens) for d in data]
+    return plan, [lambda d=d: plan(d[0], d[3], d[4], d[5], lens) for d in data]
+
+
 def sweep_heads(out_path):
     """MQA shapes (and long GQA ones): blocks of 16 query heads against the whole group, with tiles and
     splits for the short contexts; and the read-only kernels over the same bytes contiguous and paged."""
@@ -239,7 +254,6 @@ def sweep_heads(out_path):
         for progs in (1024, 4096):
             add(f"read-only paged {progs}", [lambda d=d, f=f, n=progs: stream.read_pages_sum(d[3], d[4], f, programs=n)
                                              for d, f in zip(data, flat)])
-        dbt = da.dense_as_paged(k)[1]
         cfgs = [("dense", {}), ("paged", {})]
         if H_kv == 1:
             cfgs.append(("paged", dict(head_block=16)))
@@ -251,13 +265,7 @@ def sweep_heads(out_path):
                          for pf, ns in itertools.product([True, False], [3, 4])]
                 cfgs.append(("dense", dict(head_block=16)))
         for layout, cfg in cfgs:
-            kk, vv, bb = (k, v, dbt) if layout == "dense" else (kc, vc, bt)
-            plan = da.DecodeAttention(q, kk, vv, bb, lens, **cfg)
-            err = ((plan(q, kk, vv, bb, lens)[:2].double() - ref.double()).norm() / ref.double().norm()).item()
-            assert err < 1e-2, (B, L, H_kv, cfg, err)
-            fns = ([lambda d=d, plan=plan, dbt=dbt, lens=lens: plan(d[0], d[1], d[2], dbt, lens) for d in data]
-                   if layout == "dense" else
-                   [lambda d=d, plan=plan, lens=lens: plan(d[0], d[3], d[4], d[5], lens) for d in data])
+            plan, fns = _checked_plan(data, ref, layout, cfg)
             r = add(f"kernel {layout}", fns, cfg=cfg, splits=plan.splits, block_n=plan.meta["BLOCK_N"],
                     hb=plan.meta["BLOCK_G"])
             r["vs_sdpa"] = sdpa / r["gpu_us"]
@@ -279,20 +287,13 @@ def sweep_long_mqa(out_path):
         data = [make(B, H_q, H_kv, L, D, 16, dev, gen) for _ in range(timing.rotation(nbytes, l2))]
         q, k, v, kc, vc, bt, lens = data[0]
         ref = da.reference(q[:1], kc, vc, bt[:1], lens[:1])
-        dbt = da.dense_as_paged(k)[1]
         base = da.DecodeAttention(q, kc, vc, bt, lens).splits
         cfgs = [("dense", {}), ("paged", {})]
         cfgs += [("paged", dict(block_n=bn, num_splits=sp, num_stages=ns, prefetch=True))
                  for bn, sp, ns in itertools.product([16, 32, 64], [base, 2 * base], [3, 4])]
         cfgs += [("dense", dict(num_splits=2 * base)), ("dense", dict(num_stages=4))]
         for layout, cfg in cfgs:
-            kk, vv, bb = (k, v, dbt) if layout == "dense" else (kc, vc, bt)
-            plan = da.DecodeAttention(q, kk, vv, bb, lens, **cfg)
-            err = ((plan(q, kk, vv, bb, lens)[:1].double() - ref.double()).norm() / ref.double().norm()).item()
-            assert err < 1e-2, (B, L, H_kv, cfg, err)
-            fns = ([lambda d=d, plan=plan, dbt=dbt, lens=lens: plan(d[0], d[1], d[2], dbt, lens) for d in data]
-                   if layout == "dense" else
-                   [lambda d=d, plan=plan, lens=lens: plan(d[0], d[3], d[4], d[5], lens) for d in data])
+            plan, fns = _checked_plan(data, ref, layout, cfg)
             t = timing.bench(fns, device=dev, reps=11, target_ms=1.0)
             rows.append(dict(B=B, L=L, H_kv=H_kv, layout=layout, cfg=cfg, splits=plan.splits, block_n=plan.meta["BLOCK_N"],
                              prefetch=plan.meta["PREFETCH"], gpu_us=t.gpu_us.median, tif=plan.tiles_in_flight()))
