@@ -1,6 +1,6 @@
 """Check and time grouped-GEMM paths for MoE shapes on a GPU; prints one table.
 
-    python tools/bench_grouped_gemm.py [--out rows.json] [--tiles | --tma]
+    python tools/bench_grouped_gemm.py [--out rows.json] [--tiles | --tma | --mid]
 
 For each shape (E experts, K, N), token count and routing: correctness of the lib kernel in bf16 against
 a float32 reference, then GPU time (CUDA-graph replay) and call time (eager) of an eager loop of
@@ -120,6 +120,13 @@ def _tile_variants(E, T, sms, tma):
                                                          num_stages=ns, num_programs=pm * sms))
                 for bm, bn, bk, nw, ns, pm in TILES]
     variants = [("rule", dict(tma=False)), ("rule tma", dict(tma=True))]
+    if tma == "mid":  # a few tokens to a few hundred per expert: tiles between the small and the large
+        return variants + [(f"tma {bm}x{bn}x{bk} w{nw} s{ns} x{pm}", dict(tma=True, block_m=bm, block_n=bn, block_k=bk,
+                                                                       num_warps=nw, num_stages=ns, num_programs=pm * sms))
+                           for bm, bn, bk, nw, ns, pm in [(64, 128, 64, 4, 4, 2), (64, 128, 128, 4, 3, 2),
+                                                          (64, 256, 64, 8, 3, 1), (64, 256, 64, 4, 4, 1),
+                                                          (128, 128, 64, 8, 4, 1), (128, 128, 64, 4, 4, 2),
+                                                          (128, 256, 64, 8, 4, 1), (128, 128, 128, 8, 3, 1)]]
     if T / E > 32:
         return variants + [(f"tma 128x{bn}x64 s{ns} ws{int(ws)} fl{int(fl)}",
                             dict(tma=True, block_m=128, block_n=bn, block_k=64, num_warps=8, num_stages=ns,
@@ -174,6 +181,8 @@ def sweep_tiles(out_path, tma):
         for T, routing in itertools.product([64, 1024, 8192, 16384], ["uniform", "0.1"]):
             if (E == 8 and T == 64) or (E != 8 and T == 16384):
                 continue
+            if tma == "mid" and not 32 < T / E <= 256:
+                continue
             rows += _tile_case(E, K, N, w, T, routing, gen, sms, P, BW, tma)
             print(f"E={E} T={T} {routing} done", flush=True)
             if out_path:
@@ -188,9 +197,10 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--tiles", action="store_true", help="the lib kernel's tiles with pointer loads")
     ap.add_argument("--tma", action="store_true", help="the lib kernel with TMA loads, against its tile rule")
+    ap.add_argument("--mid", action="store_true", help="TMA tiles for 32 to 256 tokens per expert")
     args = ap.parse_args()
-    if args.tiles or args.tma:
-        return sweep_tiles(args.out, tma=args.tma)
+    if args.tiles or args.tma or args.mid:
+        return sweep_tiles(args.out, tma="mid" if args.mid else args.tma)
     dev = "cuda"
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
