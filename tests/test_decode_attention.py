@@ -182,15 +182,17 @@ def test_planned_launches_match_and_check_shapes():
         plan(q[:1], kc, vc, bt[:1], sl[:1])
 
 
+@pytest.mark.parametrize("per_page", [True, False])
 @pytest.mark.parametrize("prefetch", [True, False])
 @pytest.mark.parametrize("page", [1, 16, 32, 64])
-def test_block_table_prefetch_either_way(prefetch, page):
-    """Requesting the next tile's page numbers a step ahead must not change the result."""
+def test_block_table_prefetch_either_way(prefetch, page, per_page):
+    """Requesting the next tile's page numbers a step ahead, one per page or one per token, must not
+    change the result; ragged lengths end inside a page and inside a tile."""
     gen = torch.Generator().manual_seed(13 + page)
     q, kc, vc, bt, sl = paged_case([1, 31, 100, 64], 2, 4, 32, page, torch.float32, gen)
-    plan = da.DecodeAttention(q, kc, vc, bt, sl, num_splits=2, block_n=32, prefetch=prefetch)
+    plan = da.DecodeAttention(q, kc, vc, bt, sl, num_splits=2, block_n=32, prefetch=prefetch, per_page=per_page)
     out = plan(q, kc, vc, bt, sl)
-    assert plan.meta["PREFETCH"] is prefetch
+    assert plan.meta["PREFETCH"] is prefetch and plan.meta["PER_PAGE"] is per_page
     assert rel_err(out, da.reference(q, kc, vc, bt, sl)) < 1e-5
 
 

@@ -58,7 +58,7 @@ def _decode_kernel(
     # meta-parameters
     G: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_BLOCKS: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, INLINE: tl.constexpr = True, V_EARLY: tl.constexpr = False,
-    EVICT: tl.constexpr = "", PREFETCH: tl.constexpr = False,
+    EVICT: tl.constexpr = "", PREFETCH: tl.constexpr = False, PER_PAGE: tl.constexpr = True,
 ):
     b = tl.program_id(0)
     pair = tl.program_id(1)  # (KV head, block of its query heads)
@@ -81,8 +81,15 @@ def _decode_kernel(
     # PREFETCH: the block-table entries of the next tile are requested one step ahead, so the K and V
     # loads of a step do not wait on a load of the same step (the compiler can then keep several tiles
     # in flight)
+    # PER_PAGE (pages smaller than a tile, prefetched): one block-table entry per page of the tile,
+    # spread over its tokens in registers, rather than one gathered entry per token
+    NP: tl.constexpr = BLOCK_N // PAGE if PAGE < BLOCK_N else 1
+    jp = tl.arange(0, NP)
     if PAGE % BLOCK_N == 0:
         page_next = tl.load(BT + b * stride_btb + start // PAGE, mask=PREFETCH & (start < end), other=0)
+    elif PER_PAGE:  # start is a multiple of BLOCK_N, hence of PAGE
+        page_next = tl.load(BT + b * stride_btb + start // PAGE + jp, mask=PREFETCH & (start + jp * PAGE < end),
+                            other=0)
     else:
         t_next = start + tl.arange(0, BLOCK_N)
         page_next = tl.load(BT + b * stride_btb + t_next // PAGE, mask=PREFETCH & (t_next < end), other=0)
@@ -90,11 +97,17 @@ def _decode_kernel(
         t = n0 + tl.arange(0, BLOCK_N)
         tmask = t < end
         if PREFETCH:
-            page = page_next.to(tl.int64)
             if PAGE % BLOCK_N == 0:  # a tile never crosses a page: one entry, contiguous rows
+                page = page_next.to(tl.int64)
                 page_next = tl.load(BT + b * stride_btb + (n0 + BLOCK_N) // PAGE, mask=n0 + BLOCK_N < end, other=0)
                 row = n0 % PAGE + tl.arange(0, BLOCK_N)
+            elif PER_PAGE:  # small pages: one entry per page, broadcast to its PAGE tokens
+                page = tl.reshape(tl.broadcast_to(page_next.to(tl.int64)[:, None], [NP, PAGE]), [BLOCK_N])
+                n1 = n0 + BLOCK_N
+                page_next = tl.load(BT + b * stride_btb + n1 // PAGE + jp, mask=n1 + jp * PAGE < end, other=0)
+                row = t % PAGE
             else:  # small pages: one entry per token
+                page = page_next.to(tl.int64)
                 t_next = t + BLOCK_N
                 page_next = tl.load(BT + b * stride_btb + t_next // PAGE, mask=t_next < end, other=0)
                 row = t % PAGE
@@ -277,11 +290,15 @@ class DecodeAttention:
     step's K and V loads wait on that step's page lookup, and Triton's software pipeliner then keeps only
     one tile in flight per program (``tiles_in_flight()`` reads it from the compiled kernel); with it,
     ``num_stages - 1`` tiles. Chapter 3 measures both.
+
+    ``per_page``: with the prefetch and pages smaller than a tile, load one block-table entry per page of
+    the tile and spread it over the page's tokens in registers (default), rather than gather one entry
+    per token.
     """
 
     def __init__(self, q, k_cache, v_cache, block_table, seq_lens, *, max_seq_len=None, scale=None,
                  num_splits=None, block_n=None, num_warps=4, num_stages=3, combine="auto", v_early=False, evict="",
-                 prefetch=None, head_block=None):
+                 prefetch=None, head_block=None, per_page=True):
         _check(q, k_cache, v_cache, block_table, seq_lens)
         B, H_q, D = q.shape
         _, H_kv, page, _ = k_cache.shape
@@ -322,7 +339,7 @@ class DecodeAttention:
         self.scalars = (scale * LOG2E, split_len, H_q, H_kv)
         self.meta = dict(G=G, BLOCK_G=block_g, HEAD_BLOCKS=head_blocks, D=D, PAGE=page, BLOCK_N=block_n, SPLITS=splits,
                          INLINE=combine == "inline", V_EARLY=v_early, EVICT=evict,
-                         PREFETCH=bool(prefetch))
+                         PREFETCH=bool(prefetch), PER_PAGE=bool(per_page))
         self.second = splits > 1 and combine == "kernel"  # the combine is a second launch
         self.combine_meta = dict(SPLITS=splits, D=D)
         self.meta_values = tuple(self.meta.values())
