@@ -194,6 +194,7 @@ def test_block_table_prefetch_either_way(prefetch, page, per_page):
     out = plan(q, kc, vc, bt, sl)
     assert plan.meta["PREFETCH"] is prefetch and plan.meta["PER_PAGE"] is per_page
     assert rel_err(out, da.reference(q, kc, vc, bt, sl)) < 1e-5
+    assert da.DecodeAttention(q, kc, vc, bt, sl, block_n=32).meta["PER_PAGE"] is (32 >= 4 * page)
 
 
 @pytest.mark.parametrize("prefetch", [True, False])

@@ -292,13 +292,13 @@ class DecodeAttention:
     ``num_stages - 1`` tiles. Chapter 3 measures both.
 
     ``per_page``: with the prefetch and pages smaller than a tile, load one block-table entry per page of
-    the tile and spread it over the page's tokens in registers (default), rather than gather one entry
-    per token.
+    the tile and spread it over the page's tokens in registers, rather than gather one entry per token.
+    Default: where a tile spans four pages or more (on the H200 it paid there and cost with two).
     """
 
     def __init__(self, q, k_cache, v_cache, block_table, seq_lens, *, max_seq_len=None, scale=None,
                  num_splits=None, block_n=None, num_warps=4, num_stages=3, combine="auto", v_early=False, evict="",
-                 prefetch=None, head_block=None, per_page=True):
+                 prefetch=None, head_block=None, per_page=None):
         _check(q, k_cache, v_cache, block_table, seq_lens)
         B, H_q, D = q.shape
         _, H_kv, page, _ = k_cache.shape
@@ -339,7 +339,7 @@ class DecodeAttention:
         self.scalars = (scale * LOG2E, split_len, H_q, H_kv)
         self.meta = dict(G=G, BLOCK_G=block_g, HEAD_BLOCKS=head_blocks, D=D, PAGE=page, BLOCK_N=block_n, SPLITS=splits,
                          INLINE=combine == "inline", V_EARLY=v_early, EVICT=evict,
-                         PREFETCH=bool(prefetch), PER_PAGE=bool(per_page))
+                         PREFETCH=bool(prefetch), PER_PAGE=bool(block_n >= 4 * page if per_page is None else per_page))
         self.second = splits > 1 and combine == "kernel"  # the combine is a second launch
         self.combine_meta = dict(SPLITS=splits, D=D)
         self.meta_values = tuple(self.meta.values())
