@@ -303,6 +303,33 @@ def sweep_long_mqa(out_path):
         _write(rows, out_path)
 
 
+def sweep_per_page(out_path):
+    """Page 16: one block-table entry per page of a tile against one per token, and the contiguous cache,
+    in three rounds (the second in reverse order) whose middle value is kept, at long MQA contexts and a
+    few others."""
+    dev = "cuda"
+    gen = torch.Generator(device=dev).manual_seed(1)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    rows = []
+    for B, L, H_kv in [(64, 131072, 1), (8, 131072, 1), (1, 131072, 1), (64, 16384, 1), (8, 16384, 1), (8, 131072, 8),
+                       (8, 4096, 8), (64, 512, 1), (1, 16384, 1)]:
+        nbytes = 2 * B * L * H_kv * 128 * 2
+        data = [make(B, 32, H_kv, L, 128, 16, dev, gen) for _ in range(timing.rotation(nbytes, l2))]
+        ref = da.reference(data[0][0][:1], data[0][3], data[0][4], data[0][5][:1], data[0][6][:1])
+        fns = {name: _checked_plan(data, ref, layout, cfg)[1]
+               for name, layout, cfg in [("dense", "dense", {}), ("per page", "paged", dict(per_page=True)),
+                                         ("per token", "paged", dict(per_page=False))]}
+        res = {n: [] for n in fns}
+        for order in (list(fns), list(fns)[::-1], list(fns)):
+            for n in order:
+                res[n].append(timing.bench(fns[n], device=dev, reps=11, target_ms=1.0).gpu_us.median)
+        rows.append(dict(B=B, L=L, H_kv=H_kv, rounds=res, median={n: sorted(v)[1] for n, v in res.items()}))
+        print(f"shape B={B} L={L} H_kv={H_kv} done", flush=True)
+        del data
+        torch.cuda.empty_cache()
+        _write(rows, out_path)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -312,7 +339,10 @@ def main():
     ap.add_argument("--pipeline", action="store_true", help="tile, warps, pipeline depth, prefetch, then splits")
     ap.add_argument("--heads", action="store_true", help="blocks of 16 query heads; read-only over pages")
     ap.add_argument("--long-mqa", action="store_true", help="page 16 against contiguous at long MQA contexts")
+    ap.add_argument("--per-page", action="store_true", help="one block-table entry per page against one per token")
     args = ap.parse_args()
+    if args.per_page:
+        return sweep_per_page(args.out)
     if args.heads:
         return sweep_heads(args.out)
     if args.long_mqa:
