@@ -341,18 +341,11 @@ def main():
     ap.add_argument("--long-mqa", action="store_true", help="page 16 against contiguous at long MQA contexts")
     ap.add_argument("--per-page", action="store_true", help="one block-table entry per page against one per token")
     args = ap.parse_args()
-    if args.per_page:
-        return sweep_per_page(args.out)
-    if args.heads:
-        return sweep_heads(args.out)
-    if args.long_mqa:
-        return sweep_long_mqa(args.out)
-    if args.pipeline:
-        return sweep_pipeline(args.out)
-    if args.splits:
-        return sweep_splits(args.out)
-    if args.pages:
-        return sweep_pages(args.out)
+    sweeps = {"per_page": sweep_per_page, "heads": sweep_heads, "long_mqa": sweep_long_mqa,
+              "pipeline": sweep_pipeline, "splits": sweep_splits, "pages": sweep_pages}
+    for flag, sweep in sweeps.items():
+        if getattr(args, flag):
+            return sweep(args.out)
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(0)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
