@@ -108,11 +108,19 @@ def test_empty_splits_and_scale(combine):
 
 
 def test_choose_tile():
-    assert da.choose_tile(pairs=64, max_len=4096, sms=132, group=4) == (32, True)  # the seed: 8 splits of 512
-    assert da.choose_tile(pairs=64, max_len=16384, sms=132, group=4) == (64, False)  # splits of 2048 tokens
-    assert da.choose_tile(pairs=64, max_len=16384, sms=132, group=32) == (64, True)
-    assert da.choose_tile(pairs=2048, max_len=512, sms=132, group=1) == (64, False)  # many programs
-    assert da.choose_tile(pairs=1, max_len=131072, sms=132, group=32) == (32, True)  # 256 splits of 512
+    # groups of up to 16 query heads: one warp, tiles of 16 (the seed: B=8, H_kv=8, 4 heads per KV head)
+    assert da.choose_tile(pairs=64, max_len=4096, sms=132, group=4) == (16, True, 1)
+    assert da.choose_tile(pairs=2048, max_len=512, sms=132, group=1) == (16, True, 1)
+    assert da.choose_tile(pairs=64, max_len=16384, sms=132, group=32) == (64, True, 4)  # splits of 2048 tokens
+    assert da.choose_tile(pairs=1, max_len=131072, sms=132, group=32) == (32, True, 4)  # 256 splits of 512
+    assert da.choose_tile(pairs=128, max_len=512, sms=132, group=32, head_blocks=2) == (128, True, 4)
+    gen = torch.Generator().manual_seed(12)
+    q, kc, vc, bt, sl = paged_case([40, 9], 2, 8, 32, 16, torch.float32, gen)
+    plan = da.DecodeAttention(q, kc, vc, bt, sl)  # the plan takes all three; a caller's choice wins
+    assert (plan.meta["BLOCK_N"], plan.meta["PREFETCH"], plan.options["num_warps"]) == (16, True, 1)
+    plan = da.DecodeAttention(q, kc, vc, bt, sl, block_n=32, prefetch=False, num_warps=4)
+    assert (plan.meta["BLOCK_N"], plan.meta["PREFETCH"], plan.options["num_warps"]) == (32, False, 4)
+    assert rel_err(plan(q, kc, vc, bt, sl), da.reference(q, kc, vc, bt, sl)) < 1e-5
 
 
 def test_choose_head_block_and_its_plan():

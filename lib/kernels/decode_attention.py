@@ -48,7 +48,7 @@ def _decode_kernel(
     # pointers
     Q, K, V, BT, LENS, Out, PACC, PM, PL, CNT,
     # scalars
-    scale_log2, split_len, H_Q, H_KV,
+    scale_log2, split_len, H_Q, H_KV, BT_W,
     # strides (elements)
     stride_qb, stride_qh,
     stride_kp, stride_kh, stride_kt,
@@ -83,16 +83,18 @@ def _decode_kernel(
     # in flight)
     # PER_PAGE (pages smaller than a tile, prefetched): one block-table entry per page of the tile,
     # spread over its tokens in registers, rather than one gathered entry per token
+    # the first entries are masked by the table's width BT_W, not by seq_len, so that their load does not
+    # wait for seq_len's: the two are requested together
     NP: tl.constexpr = BLOCK_N // PAGE if PAGE < BLOCK_N else 1
     jp = tl.arange(0, NP)
     if PAGE % BLOCK_N == 0:
-        page_next = tl.load(BT + b * stride_btb + start // PAGE, mask=PREFETCH & (start < end), other=0)
+        page_next = tl.load(BT + b * stride_btb + start // PAGE, mask=PREFETCH & (start // PAGE < BT_W), other=0)
     elif PER_PAGE:  # start is a multiple of BLOCK_N, hence of PAGE
-        page_next = tl.load(BT + b * stride_btb + start // PAGE + jp, mask=PREFETCH & (start + jp * PAGE < end),
+        page_next = tl.load(BT + b * stride_btb + start // PAGE + jp, mask=PREFETCH & (start // PAGE + jp < BT_W),
                             other=0)
     else:
         t_next = start + tl.arange(0, BLOCK_N)
-        page_next = tl.load(BT + b * stride_btb + t_next // PAGE, mask=PREFETCH & (t_next < end), other=0)
+        page_next = tl.load(BT + b * stride_btb + t_next // PAGE, mask=PREFETCH & (t_next // PAGE < BT_W), other=0)
     for n0 in range(start, end, BLOCK_N):
         t = n0 + tl.arange(0, BLOCK_N)
         tmask = t < end
@@ -147,21 +149,23 @@ def _decode_kernel(
         if INLINE:
             done = tl.atomic_add(CNT + b * H_KV * HEAD_BLOCKS + pair, 1)
             if done == SPLITS - 1:
-                sp = tl.arange(0, SPLITS)
-                ms = tl.load(PM + part[:, None] + sp[None, :], mask=gmask[:, None], other=float("-inf"),
-                             cache_modifier=".cg")
-                m_all = tl.max(ms, 1)
-                m_all = tl.where(m_all == float("-inf"), 0.0, m_all)  # padded heads: keep the arithmetic finite
+                # log-sum-exp over the splits, online as in the loop above; unrolled, and every value in the
+                # layout of the output, so that all the partials' loads can be in flight at once
+                m_all = tl.full([BLOCK_G], float("-inf"), tl.float32)
                 total = tl.zeros([BLOCK_G], tl.float32)
                 out = tl.zeros([BLOCK_G, D], tl.float32)
-                for i in range(SPLITS):
+                for i in tl.static_range(SPLITS):
                     m_i = tl.load(PM + part + i, mask=gmask, other=float("-inf"), cache_modifier=".cg")
                     l_i = tl.load(PL + part + i, mask=gmask, other=0.0, cache_modifier=".cg")
-                    w = tl.where(m_i == float("-inf"), 0.0, tl.exp2(m_i - m_all))
-                    total += l_i * w
                     a_i = tl.load(PACC + (part + i)[:, None] * D + dd[None, :], mask=gmask[:, None], other=0.0,
                                   cache_modifier=".cg")
-                    out += a_i * w[:, None]
+                    m_new = tl.maximum(m_all, m_i)
+                    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # no tokens yet: keep it finite
+                    c_old = tl.exp2(m_all - m_ref)
+                    c_i = tl.exp2(m_i - m_ref)
+                    total = total * c_old + l_i * c_i
+                    out = out * c_old[:, None] + a_i * c_i[:, None]
+                    m_all = m_new
                 out = out / tl.where(total > 0, total, 1.0)[:, None]
                 tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=gmask[:, None])
                 tl.atomic_xchg(CNT + b * H_KV * HEAD_BLOCKS + pair, 0)  # ready for the next call
@@ -225,18 +229,31 @@ def choose_splits(programs: int, max_len: int, block_n: int, sms: int, group: in
     return splits
 
 
-def choose_tile(pairs: int, max_len: int, sms: int, group: int, split_group: int = 1) -> tuple[int, bool]:
-    """(block_n, prefetch) for ``pairs`` (request, KV head) pairs, from the H200 measurements of chapter 3.
+def choose_tile(pairs: int, max_len: int, sms: int, group: int, split_group: int = 1,
+                head_blocks: int = 1) -> tuple[int, bool, int]:
+    """(block_n, prefetch, num_warps) for ``pairs`` programs before splitting, each serving ``group``
+    query heads in ``head_blocks`` blocks, from the H200 measurements of chapter 3
+    (``results/nvidia-h200/tuning/decode-attention-warps.json``).
 
-    Few pairs whose splits are short (at most 1024 tokens) leave each program's loads latency-bound: tiles
-    of 32 tokens with the block table prefetched, so the compiler keeps two tiles in flight per program.
-    Otherwise many programs share each SM and keep the memory busy between them: tiles of 64, with the
-    prefetch only for groups of 16 or more query heads per KV head. ``split_group`` is what
+    - Blocks of heads (``choose_head_block``, short contexts): one program reads the whole context in
+      tiles of 128 with 4 warps.
+    - Groups of up to 16 query heads (one tl.dot of 16 rows): one warp per program and tiles of 16
+      tokens. The row maxima and sums of the online softmax then stay inside the warp; with 4 warps the
+      compiler passes them between warps through shared memory, with a barrier each time, several per
+      tile. Many small programs keep the memory busy instead.
+    - Larger groups, few pairs whose splits are short (at most 1024 tokens): 4 warps and tiles of 32,
+      so that each program keeps two tiles in flight; otherwise tiles of 64.
+
+    The block table is always prefetched (requested a tile ahead). ``split_group`` is what
     ``choose_splits`` gets as ``group``."""
+    if head_blocks > 1:
+        return 128, True, 4
+    if group <= 16:
+        return 16, True, 1
     splits = choose_splits(pairs, max_len, 32, sms, group=split_group)
     if pairs < sms // 2 and math.ceil(max_len / splits) <= 1024:
-        return 32, True
-    return 64, group >= 16
+        return 32, True, 4
+    return 64, True, 4
 
 
 def choose_head_block(pairs: int, max_len: int, sms: int, group: int) -> int:
@@ -244,8 +261,8 @@ def choose_head_block(pairs: int, max_len: int, sms: int, group: int) -> int:
     the smallest tl.dot), except for groups of 32 or more over short contexts (at most 1024 tokens) with
     enough (request, KV head) pairs to fill a quarter of the SMs. There, splitting the context would
     write partial results as large as the context itself (group x d floats per split); blocks of 16
-    heads give the SMs work instead, each block reading the same K and V (the second read mostly from
-    the L2). Over long contexts the blocks drift apart and the second read goes to HBM."""
+    heads give the SMs work instead, each block reading the same K and V. Over long contexts, blocks
+    doubled the time on the H200, so the rule keeps them to short ones."""
     if group >= 32 and max_len <= 1024 and pairs >= sms // 4:
         return 16
     return max(16, triton.next_power_of_2(group))
@@ -284,7 +301,7 @@ class DecodeAttention:
     normal path. The workspace is shared by calls of the same shape: do not run two at once on different
     streams.
 
-    ``block_n`` and ``prefetch`` default to ``choose_tile``'s choice.
+    ``block_n``, ``prefetch`` and ``num_warps`` default to ``choose_tile``'s choice.
 
     ``prefetch``: request the next tile's block-table entries one step ahead. Without it a
     step's K and V loads wait on that step's page lookup, and Triton's software pipeliner then keeps only
@@ -297,7 +314,7 @@ class DecodeAttention:
     """
 
     def __init__(self, q, k_cache, v_cache, block_table, seq_lens, *, max_seq_len=None, scale=None,
-                 num_splits=None, block_n=None, num_warps=4, num_stages=3, combine="auto", v_early=False, evict="",
+                 num_splits=None, block_n=None, num_warps=None, num_stages=3, combine="auto", v_early=False, evict="",
                  prefetch=None, head_block=None, per_page=None):
         _check(q, k_cache, v_cache, block_table, seq_lens)
         B, H_q, D = q.shape
@@ -316,13 +333,12 @@ class DecodeAttention:
         programs = B * H_kv * head_blocks  # before splitting the context
         # an inline combine is serial in one program per group: fewer splits (see choose_splits)
         group = min(G, block_g) if combine == "inline" else 1
-        tile, fetch = choose_tile(programs, max_len, sms, G, group)
-        if head_blocks > 1:  # short contexts (choose_head_block): one program per block reads it all
-            tile, fetch = 128, True
-            num_splits = num_splits or 1
+        tile, fetch, warps = choose_tile(programs, max_len, sms, G, group, head_blocks)
         block_n = tile if block_n is None else block_n
         prefetch = fetch if prefetch is None else prefetch
-        splits = num_splits or choose_splits(programs, max_len, block_n, sms, group=group)
+        num_warps = warps if num_warps is None else num_warps
+        # blocks of heads (short contexts): one program per block reads the whole context
+        splits = num_splits or (1 if head_blocks > 1 else choose_splits(programs, max_len, block_n, sms, group=group))
         if combine == "auto":  # a serial combine of a few partials costs less than a second launch
             combine = "inline" if splits <= INLINE_MAX_SPLITS else "kernel"
         self.combine = combine
@@ -336,7 +352,7 @@ class DecodeAttention:
         self.workspace = _workspace(q.device, B, H_q, H_kv * head_blocks, D, splits)
         self.shapes = (q.shape, k_cache.shape, block_table.shape, q.stride(), k_cache.stride(), v_cache.stride(),
                        block_table.stride())
-        self.scalars = (scale * LOG2E, split_len, H_q, H_kv)
+        self.scalars = (scale * LOG2E, split_len, H_q, H_kv, block_table.shape[1])
         self.meta = dict(G=G, BLOCK_G=block_g, HEAD_BLOCKS=head_blocks, D=D, PAGE=page, BLOCK_N=block_n, SPLITS=splits,
                          INLINE=combine == "inline", V_EARLY=v_early, EVICT=evict,
                          PREFETCH=bool(prefetch), PER_PAGE=bool(block_n >= 4 * page if per_page is None else per_page))
@@ -409,7 +425,7 @@ def decode_attention(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     block_n: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     num_stages: int = 3,
     combine: str = "auto",
     head_block: int | None = None,
