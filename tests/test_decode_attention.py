@@ -110,7 +110,8 @@ def test_empty_splits_and_scale(combine):
 def test_choose_tile():
     # groups of up to 16 query heads: one warp, tiles of 16 (the seed: B=8, H_kv=8, 4 heads per KV head)
     assert da.choose_tile(pairs=64, max_len=4096, sms=132, group=4) == (16, True, 1)
-    assert da.choose_tile(pairs=2048, max_len=512, sms=132, group=1) == (16, True, 1)
+    assert da.choose_tile(pairs=512, max_len=512, sms=132, group=4) == (16, True, 1)
+    assert da.choose_tile(pairs=2048, max_len=4096, sms=132, group=1) == (64, False, 4)  # many programs
     assert da.choose_tile(pairs=64, max_len=16384, sms=132, group=32) == (64, True, 4)  # splits of 2048 tokens
     assert da.choose_tile(pairs=1, max_len=131072, sms=132, group=32) == (32, True, 4)  # 256 splits of 512
     assert da.choose_tile(pairs=128, max_len=512, sms=132, group=32, head_blocks=2) == (128, True, 4)

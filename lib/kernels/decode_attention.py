@@ -237,23 +237,24 @@ def choose_tile(pairs: int, max_len: int, sms: int, group: int, split_group: int
 
     - Blocks of heads (``choose_head_block``, short contexts): one program reads the whole context in
       tiles of 128 with 4 warps.
-    - Groups of up to 16 query heads (one tl.dot of 16 rows): one warp per program and tiles of 16
-      tokens. The row maxima and sums of the online softmax then stay inside the warp; with 4 warps the
-      compiler passes them between warps through shared memory, with a barrier each time, several per
-      tile. Many small programs keep the memory busy instead.
-    - Larger groups, few pairs whose splits are short (at most 1024 tokens): 4 warps and tiles of 32,
-      so that each program keeps two tiles in flight; otherwise tiles of 64.
+    - Groups of up to 16 query heads (one tl.dot of 16 rows) and up to 4 pairs per SM: one warp per
+      program and tiles of 16 tokens. The row maxima and sums of the online softmax then stay inside the
+      warp; with 4 warps the compiler passes them between warps through shared memory, with a barrier
+      each time, several per tile. Many small programs keep the memory busy instead. With more pairs
+      (B=64 with 32 KV heads) one warp per program was a few percent slower.
+    - Few pairs whose splits are short (at most 1024 tokens): 4 warps and tiles of 32, so that each
+      program keeps two tiles in flight, the block table prefetched (requested a tile ahead).
+    - Otherwise 4 warps and tiles of 64, the block table prefetched for groups of 16 or more.
 
-    The block table is always prefetched (requested a tile ahead). ``split_group`` is what
-    ``choose_splits`` gets as ``group``."""
+    ``split_group`` is what ``choose_splits`` gets as ``group``."""
     if head_blocks > 1:
         return 128, True, 4
-    if group <= 16:
+    if group <= 16 and pairs <= 4 * sms:
         return 16, True, 1
     splits = choose_splits(pairs, max_len, 32, sms, group=split_group)
     if pairs < sms // 2 and math.ceil(max_len / splits) <= 1024:
         return 32, True, 4
-    return 64, True, 4
+    return 64, group >= 16, 4
 
 
 def choose_head_block(pairs: int, max_len: int, sms: int, group: int) -> int:
