@@ -330,6 +330,85 @@ def sweep_per_page(out_path):
         _write(rows, out_path)
 
 
+def sweep_warps(out_path, budget_s=280.0):
+    """Warps per program (1, 2 for groups of up to 16 query heads; 2, 4 for 32), tiles of 16 to 64, two
+    pipeline depths and twice the split count, plus blocks of 16 heads for short MQA, page 16; then SDPA,
+    the default launch and the best three in three interleaved rounds. Last, page 16 against the
+    contiguous cache at long MQA contexts for a few launches. Rows are written after every shape."""
+    import time
+    dev = "cuda"
+    t0 = time.perf_counter()
+    gen = torch.Generator(device=dev).manual_seed(0)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    rows = []
+
+    def t_of(fns, reps=7):
+        return timing.bench(fns, device=dev, reps=reps, target_ms=0.4).gpu_us.median
+
+    shapes = [(8, 4096, 8), (8, 512, 8), (64, 512, 1), (64, 2048, 1), (8, 4096, 1), (8, 512, 32), (1, 4096, 8),
+              (64, 512, 8), (1, 512, 1), (8, 2048, 32), (64, 4096, 1), (1, 16384, 32), (64, 16384, 1), (8, 16384, 1),
+              (1, 131072, 1), (8, 131072, 1)]
+    for B, L, H_kv in shapes:
+        if time.perf_counter() - t0 > budget_s:
+            print("budget spent, stopping before", (B, L, H_kv), flush=True)
+            break
+        G = 32 // H_kv
+        data = [make(B, 32, H_kv, L, 128, 16, dev, gen) for _ in range(timing.rotation(2 * B * L * H_kv * 128 * 2, l2))]
+        q = data[0][0]
+        ref = da.reference(q[:1], *data[0][3:6], data[0][6][:1])
+        sdpa = [lambda d=d: F.scaled_dot_product_attention(d[0].unsqueeze(2), d[1], d[2], enable_gqa=True) for d in data]
+        plan_default, default = _checked_plan(data, ref, "paged", {})
+        cfgs = [dict(num_warps=nw, block_n=bn, num_stages=ns, prefetch=True)
+                for nw, bn, ns in itertools.product([1, 2] if G <= 16 else [2, 4], [16, 32, 64], [3, 4])
+                if not (nw == 1 and bn == 64)]
+        if G == 32 and L <= 1024:
+            cfgs += [dict(num_warps=nw, block_n=bn, head_block=16, num_splits=1, prefetch=True)
+                     for nw, bn in itertools.product([1, 2, 4], [16, 32, 64, 128])]
+        found = []
+        for kw in cfgs:
+            if time.perf_counter() - t0 > budget_s + 20:
+                break
+            try:
+                plan, fns = _checked_plan(data, ref, "paged", kw)
+                found.append((t_of(fns), dict(kw, num_splits=plan.splits)))
+                if plan.splits > 1 or "head_block" not in kw:
+                    plan, fns = _checked_plan(data, ref, "paged", dict(kw, num_splits=plan.splits * 2))
+                    found.append((t_of(fns), dict(kw, num_splits=plan.splits)))
+            except Exception as e:  # a launch the compiler rejects
+                print("failed", (B, L, H_kv), kw, type(e).__name__, str(e)[:80], flush=True)
+        found.sort(key=lambda x: x[0])
+        paths = {"sdpa": sdpa, "default": default} | {json.dumps(kw): _checked_plan(data, ref, "paged", kw)[1]
+                                                       for _, kw in found[:3]}
+        res = {n: [] for n in paths}
+        for rnd in range(3):
+            for n in (list(paths) if rnd % 2 == 0 else list(paths)[::-1]):
+                res[n].append(t_of(paths[n], reps=9))
+        med = {n: sorted(v)[1] for n, v in res.items()}
+        rows.append(dict(B=B, L=L, H_kv=H_kv, kind="shape", found=found, rounds=res, median=med,
+                         default=dict(plan_default.meta, splits=plan_default.splits,
+                                      warps=plan_default.options["num_warps"])))
+        print((B, L, H_kv), f"sdpa {med['sdpa']:.2f} default {med['default']:.2f}",
+              [(n, round(med[n], 2), round(med["sdpa"] / med[n], 3)) for n in list(med)[2:]], flush=True)
+        _write(rows, out_path)
+        del data, paths
+        torch.cuda.empty_cache()
+    for B, L in [(1, 131072), (1, 16384), (8, 131072), (64, 131072)]:
+        if time.perf_counter() - t0 > budget_s + 60:
+            break
+        data = [make(B, 32, 1, L, 128, 16, dev, gen) for _ in range(timing.rotation(2 * B * L * 128 * 2, l2))]
+        ref = da.reference(data[0][0][:1], *data[0][3:6], data[0][6][:1])
+        times = {}
+        for layout, (nw, bn) in itertools.product(["dense", "paged"], [(4, 32), (4, 64), (2, 32), (2, 64), (8, 64),
+                                                                        (4, 128)]):
+            _, fns = _checked_plan(data, ref, layout, dict(num_warps=nw, block_n=bn, prefetch=True))
+            times[str((0 if layout == "dense" else 16, nw, bn))] = min(t_of(fns) for _ in range(2))
+        rows.append(dict(B=B, L=L, H_kv=1, kind="page", times=times))
+        print(B, L, times, flush=True)
+        _write(rows, out_path)
+        del data
+        torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -340,8 +419,9 @@ def main():
     ap.add_argument("--heads", action="store_true", help="blocks of 16 query heads; read-only over pages")
     ap.add_argument("--long-mqa", action="store_true", help="page 16 against contiguous at long MQA contexts")
     ap.add_argument("--per-page", action="store_true", help="one block-table entry per page against one per token")
+    ap.add_argument("--warps", action="store_true", help="warps per program with small tiles, against SDPA")
     args = ap.parse_args()
-    sweeps = {"per_page": sweep_per_page, "heads": sweep_heads, "long_mqa": sweep_long_mqa,
+    sweeps = {"warps": sweep_warps, "per_page": sweep_per_page, "heads": sweep_heads, "long_mqa": sweep_long_mqa,
               "pipeline": sweep_pipeline, "splits": sweep_splits, "pages": sweep_pages}
     for flag, sweep in sweeps.items():
         if getattr(args, flag):
