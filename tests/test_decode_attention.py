@@ -107,6 +107,18 @@ def test_empty_splits_and_scale(combine):
     assert rel_err(out, da.reference(q, kc, vc, bt, sl, scale=0.3)) < 1e-5
 
 
+@pytest.mark.parametrize("combine", ["kernel", "inline"])
+def test_splits_past_the_block_table(combine):
+    """Splits that start beyond the block table's last page: their first block-table load is masked by the
+    table's width (not by the length, which loads alongside it), and they contribute nothing."""
+    gen = torch.Generator().manual_seed(21)
+    q, kc, vc, bt, sl = paged_case([17, 3], 2, 4, 32, 16, torch.float32, gen)  # tables of 2 pages
+    ref = da.reference(q, kc, vc, bt, sl)
+    for block_n in (16, 32, 64):  # one entry per tile, one per token, one per page
+        out = run_guarded(q, kc, vc, bt, sl, num_splits=4, block_n=block_n, combine=combine)
+        assert rel_err(out, ref) < 1e-5, block_n
+
+
 def test_choose_tile():
     # groups of up to 16 query heads: one warp, tiles of 16 (the seed: B=8, H_kv=8, 4 heads per KV head)
     assert da.choose_tile(pairs=64, max_len=4096, sms=132, group=4) == (16, True, 1)
