@@ -303,6 +303,16 @@ def sweep_long_mqa(out_path):
         _write(rows, out_path)
 
 
+def _rounds(fns, time_us):
+    """Every path of ``fns`` (name -> callables) timed in three rounds, the second in reverse order, so
+    that drift falls on all of them alike: (GPU times per round, their middle value) per path."""
+    res = {n: [] for n in fns}
+    for order in (list(fns), list(fns)[::-1], list(fns)):
+        for n in order:
+            res[n].append(time_us(fns[n]))
+    return res, {n: sorted(v)[1] for n, v in res.items()}
+
+
 def sweep_per_page(out_path):
     """Page 16: one block-table entry per page of a tile against one per token, and the contiguous cache,
     in three rounds (the second in reverse order) whose middle value is kept, at long MQA contexts and a
@@ -319,11 +329,8 @@ def sweep_per_page(out_path):
         fns = {name: _checked_plan(data, ref, layout, cfg)[1]
                for name, layout, cfg in [("dense", "dense", {}), ("per page", "paged", dict(per_page=True)),
                                          ("per token", "paged", dict(per_page=False))]}
-        res = {n: [] for n in fns}
-        for order in (list(fns), list(fns)[::-1], list(fns)):
-            for n in order:
-                res[n].append(timing.bench(fns[n], device=dev, reps=11, target_ms=1.0).gpu_us.median)
-        rows.append(dict(B=B, L=L, H_kv=H_kv, rounds=res, median={n: sorted(v)[1] for n, v in res.items()}))
+        res, med = _rounds(fns, lambda f: timing.bench(f, device=dev, reps=11, target_ms=1.0).gpu_us.median)
+        rows.append(dict(B=B, L=L, H_kv=H_kv, rounds=res, median=med))
         print(f"shape B={B} L={L} H_kv={H_kv} done", flush=True)
         del data
         torch.cuda.empty_cache()
@@ -379,11 +386,7 @@ def sweep_warps(out_path, budget_s=280.0):
         found.sort(key=lambda x: x[0])
         paths = {"sdpa": sdpa, "default": default} | {json.dumps(kw): _checked_plan(data, ref, "paged", kw)[1]
                                                        for _, kw in found[:3]}
-        res = {n: [] for n in paths}
-        for rnd in range(3):
-            for n in (list(paths) if rnd % 2 == 0 else list(paths)[::-1]):
-                res[n].append(t_of(paths[n], reps=9))
-        med = {n: sorted(v)[1] for n, v in res.items()}
+        res, med = _rounds(paths, lambda f: t_of(f, reps=9))
         rows.append(dict(B=B, L=L, H_kv=H_kv, kind="shape", found=found, rounds=res, median=med,
                          default=dict(plan_default.meta, splits=plan_default.splits,
                                       warps=plan_default.options["num_warps"])))
