@@ -125,7 +125,10 @@ def test_choose_tile():
     assert da.choose_tile(pairs=512, max_len=512, sms=132, group=4) == (16, True, 1)
     assert da.choose_tile(pairs=2048, max_len=4096, sms=132, group=1) == (64, False, 4)  # many programs
     assert da.choose_tile(pairs=64, max_len=16384, sms=132, group=32) == (64, True, 4)  # splits of 2048 tokens
-    assert da.choose_tile(pairs=1, max_len=131072, sms=132, group=32) == (32, True, 4)  # 256 splits of 512
+    # groups of 32 over more than 1024 tokens: tiles of 64; over 1024 or fewer, tiles of 32
+    assert da.choose_tile(pairs=1, max_len=131072, sms=132, group=32) == (64, True, 4)
+    assert da.choose_tile(pairs=8, max_len=2048, sms=132, group=32) == (64, True, 4)
+    assert da.choose_tile(pairs=8, max_len=1024, sms=132, group=32) == (32, True, 4)
     assert da.choose_tile(pairs=128, max_len=512, sms=132, group=32, head_blocks=2) == (128, True, 4)
     gen = torch.Generator().manual_seed(12)
     q, kc, vc, bt, sl = paged_case([40, 9], 2, 8, 32, 16, torch.float32, gen)
@@ -134,6 +137,21 @@ def test_choose_tile():
     plan = da.DecodeAttention(q, kc, vc, bt, sl, block_n=32, prefetch=False, num_warps=4)
     assert (plan.meta["BLOCK_N"], plan.meta["PREFETCH"], plan.options["num_warps"]) == (32, False, 4)
     assert rel_err(plan(q, kc, vc, bt, sl), da.reference(q, kc, vc, bt, sl)) < 1e-5
+
+
+def test_wide_and_long_plan_asks_for_one_wave():
+    """MQA-like groups over more than 1024 tokens: tiles of 64 and about one program per SM (the CPU
+    counts as 4 SMs), where other groups get two waves."""
+    assert da.wide_and_long(32, 1025) and not da.wide_and_long(32, 1024) and not da.wide_and_long(16, 4096)
+    gen = torch.Generator().manual_seed(13)
+    q, kc, vc, bt, sl = paged_case([1100, 2048], 1, 32, 16, 16, torch.float32, gen)
+    plan = da.DecodeAttention(q, kc, vc, bt, sl)  # 2 pairs, 4 SMs: one wave is 2 splits, two waves 4
+    assert (plan.meta["BLOCK_N"], plan.options["num_warps"], plan.splits) == (64, 4, 2)
+    assert da.choose_splits(2, 2048, 64, 4, waves=2.0) == 4
+    assert rel_err(plan(q, kc, vc, bt, sl), da.reference(q, kc, vc, bt, sl)) < 1e-5
+    q, kc, vc, bt, sl = paged_case([900, 1024], 1, 32, 16, 16, torch.float32, gen)
+    plan = da.DecodeAttention(q, kc, vc, bt, sl, head_block=32)  # 1024 tokens: two waves
+    assert (plan.meta["BLOCK_N"], plan.splits) == (64, 4)
 
 
 def test_choose_head_block_and_its_plan():

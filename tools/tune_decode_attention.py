@@ -412,6 +412,54 @@ def sweep_warps(out_path, budget_s=280.0):
         torch.cuda.empty_cache()
 
 
+def sweep_mqa(out_path, budget_s=420.0):
+    """Groups of 32 query heads per KV head (H_kv = 1), every chapter-3 context and batch: tiles of 32 to 128,
+    4 or 8 warps and every power-of-two split count from 1 (B = 64 only) to the tiles the context holds,
+    page 16; then SDPA, the default launch and the best three in three interleaved rounds. Rows are
+    written after every shape."""
+    import time
+    dev = "cuda"
+    t0 = time.perf_counter()
+    gen = torch.Generator(device=dev).manual_seed(0)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+
+    def t_of(fns, reps=5):
+        return timing.bench(fns, device=dev, reps=reps, target_ms=0.3).gpu_us.median
+
+    for B, L in [(64, 2048), (8, 4096), (1, 4096), (64, 4096), (8, 2048), (1, 2048), (8, 16384), (64, 16384),
+                 (1, 16384), (64, 512), (8, 512), (1, 512), (8, 131072), (1, 131072), (64, 131072)]:
+        if time.perf_counter() - t0 > budget_s:
+            print("budget spent, stopping before", (B, L), flush=True)
+            break
+        data = [make(B, 32, 1, L, 128, 16, dev, gen) for _ in range(timing.rotation(2 * B * L * 128 * 2, l2))]
+        ref = da.reference(data[0][0][:2], *data[0][3:6], data[0][6][:2])
+        sdpa = [lambda d=d: F.scaled_dot_product_attention(d[0].unsqueeze(2), d[1], d[2], enable_gqa=True) for d in data]
+        plan_default, default = _checked_plan(data, ref, "paged", {})
+        found = []
+        for bn, nw, splits in itertools.product([32, 64, 128], [4, 8], [2 ** i for i in range(9)]):
+            if splits * bn > L or splits * B > 16 * sms or (splits == 1 and B < 64):
+                continue
+            kw = dict(head_block=32, block_n=bn, num_warps=nw, num_splits=splits)
+            try:
+                found.append((t_of(_checked_plan(data, ref, "paged", kw)[1]), kw))
+            except Exception as e:  # a launch the compiler rejects
+                print("failed", (B, L), kw, type(e).__name__, str(e)[:80], flush=True)
+        found.sort(key=lambda x: x[0])
+        paths = {"sdpa": sdpa, "default": default} | {json.dumps(kw): _checked_plan(data, ref, "paged", kw)[1]
+                                                       for _, kw in found[:3]}
+        res, med = _rounds(paths, lambda f: t_of(f, reps=9))
+        rows.append(dict(B=B, L=L, H_kv=1, found=found, rounds=res, median=med,
+                         default=dict(plan_default.meta, splits=plan_default.splits,
+                                      warps=plan_default.options["num_warps"])))
+        print((B, L), f"sdpa {med['sdpa']:.2f} default {med['default']:.2f} ({med['sdpa'] / med['default']:.3f})",
+              [(n, round(med[n], 2), round(med["sdpa"] / med[n], 3)) for n in list(med)[2:]], flush=True)
+        _write(rows, out_path)
+        del data, paths
+        torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -423,9 +471,10 @@ def main():
     ap.add_argument("--long-mqa", action="store_true", help="page 16 against contiguous at long MQA contexts")
     ap.add_argument("--per-page", action="store_true", help="one block-table entry per page against one per token")
     ap.add_argument("--warps", action="store_true", help="warps per program with small tiles, against SDPA")
+    ap.add_argument("--mqa", action="store_true", help="tile, warps and splits for 32 query heads per KV head")
     args = ap.parse_args()
-    sweeps = {"warps": sweep_warps, "per_page": sweep_per_page, "heads": sweep_heads, "long_mqa": sweep_long_mqa,
-              "pipeline": sweep_pipeline, "splits": sweep_splits, "pages": sweep_pages}
+    sweeps = {"mqa": sweep_mqa, "warps": sweep_warps, "per_page": sweep_per_page, "heads": sweep_heads,
+              "long_mqa": sweep_long_mqa, "pipeline": sweep_pipeline, "splits": sweep_splits, "pages": sweep_pages}
     for flag, sweep in sweeps.items():
         if getattr(args, flag):
             return sweep(args.out)

@@ -22,6 +22,9 @@ The kernel (chapter 3 explains it):
   of a (request, KV head) to finish, found by an atomic counter that it then resets
   (``combine="inline"``: one launch, but one program reads all the group's partials in turn). The
   default, ``"auto"``, combines inline up to ``INLINE_MAX_SPLITS`` splits.
+- The launch (tile of tokens, warps, splits, blocks of heads) follows the H200 measurements of chapter 3
+  (``choose_tile``, ``choose_splits``, ``choose_head_block``): one warp per program and tiles of 16 for
+  groups of up to 16 query heads, 4 warps and tiles of 32 to 128 for larger groups.
 
 Chapters: 3.
 """
@@ -229,6 +232,13 @@ def choose_splits(programs: int, max_len: int, block_n: int, sms: int, group: in
     return splits
 
 
+def wide_and_long(group: int, max_len: int) -> bool:
+    """Groups of 32 query heads or more per KV head (MQA-like) over contexts longer than 1024 tokens: there
+    tiles of 64 and about one wave of split programs beat the general rule on the H200 (chapter 3,
+    ``results/nvidia-h200/tuning/decode-attention-mqa.json``)."""
+    return group >= 32 and max_len > 1024
+
+
 def choose_tile(pairs: int, max_len: int, sms: int, group: int, split_group: int = 1,
                 head_blocks: int = 1) -> tuple[int, bool, int]:
     """(block_n, prefetch, num_warps) for ``pairs`` programs before splitting, each serving ``group``
@@ -242,6 +252,9 @@ def choose_tile(pairs: int, max_len: int, sms: int, group: int, split_group: int
       warp; with 4 warps the compiler passes them between warps through shared memory, with a barrier
       each time, several per tile. Many small programs keep the memory busy instead. With more pairs
       (B=64 with 32 KV heads) one warp per program was a few percent slower.
+    - Groups of 32 or more over more than 1024 tokens (``wide_and_long``): 4 warps and tiles of 64,
+      whose [group, 64] score block gives each warp more work per barrier than tiles of 32; the plan then
+      asks ``choose_splits`` for one wave of programs, not two.
     - Few pairs whose splits are short (at most 1024 tokens): 4 warps and tiles of 32, so that each
       program keeps two tiles in flight, the block table prefetched (requested a tile ahead).
     - Otherwise 4 warps and tiles of 64, the block table prefetched for groups of 16 or more.
@@ -251,6 +264,8 @@ def choose_tile(pairs: int, max_len: int, sms: int, group: int, split_group: int
         return 128, True, 4
     if group <= 16 and pairs <= 4 * sms:
         return 16, True, 1
+    if wide_and_long(group, max_len):
+        return 64, True, 4
     splits = choose_splits(pairs, max_len, 32, sms, group=split_group)
     if pairs < sms // 2 and math.ceil(max_len / splits) <= 1024:
         return 32, True, 4
@@ -339,7 +354,9 @@ class DecodeAttention:
         prefetch = fetch if prefetch is None else prefetch
         num_warps = warps if num_warps is None else num_warps
         # blocks of heads (short contexts): one program per block reads the whole context
-        splits = num_splits or (1 if head_blocks > 1 else choose_splits(programs, max_len, block_n, sms, group=group))
+        waves = 1.0 if wide_and_long(G, max_len) else 2.0
+        splits = num_splits or (1 if head_blocks > 1 else choose_splits(programs, max_len, block_n, sms, group=group,
+                                                                        waves=waves))
         if combine == "auto":  # a serial combine of a few partials costs less than a second launch
             combine = "inline" if splits <= INLINE_MAX_SPLITS else "kernel"
         self.combine = combine
