@@ -69,27 +69,6 @@ def test_matches_reference(Ms, K, N, dtype, tma):
     assert rel_err(out, gg.reference(x, w, offsets)) < TOL[dtype]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_short_last_tiles(dtype):
-    """TMA kernel with row tiles of 32 and short last tiles of 16: last tiles holding 1, 16 (short), 17 and
-    31 rows (full), exact multiples, experts that are only a short tile, empty ones between; guard region."""
-    gen = torch.Generator().manual_seed(9)
-    Ms = [33, 0, 48, 16, 1, 49, 64, 0, 63, 15]
-    x, w, offsets = case(Ms, 40, 40, dtype, gen, pad_k=8, pad_n=8)
-    assert gg.tma_applies(x, w)
-    T, N = x.shape[0], w.shape[2]
-    buf = torch.full((T + 2, N + 5), float("nan"), dtype=x.dtype)
-    out = buf[:T, :N]
-    gg.grouped_gemm(x, w, offsets, out=out, block_m=32, block_n=BN, block_k=BK, num_programs=3, block_m_tail=16)
-    assert torch.isnan(buf[:, N:]).all() and torch.isnan(buf[T:]).all(), "wrote outside the output"
-    assert rel_err(out, gg.reference(x, w, offsets)) < TOL[dtype]
-    assert gg.tail_rows(128) == 64 and gg.tail_rows(256) == 128 and gg.tail_rows(64) == 64
-    with pytest.raises(ValueError, match="block_m_tail must be a power of two"):
-        gg.grouped_gemm(x, w, offsets, block_m=32, block_m_tail=24)
-    with pytest.raises(ValueError, match="block_m_tail must be a power of two"):
-        gg.grouped_gemm(x, w, offsets, block_m=32, block_m_tail=64)
-
-
 def test_weights_as_a_transposed_view():
     gen = torch.Generator().manual_seed(2)
     x, w, offsets = case([20, 7], 40, 33, torch.float32, gen, pad_k=1, w_nk=True)

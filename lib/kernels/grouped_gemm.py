@@ -20,10 +20,7 @@ schedules them by output tile, statically (chapter 4 explains it):
   w [E, K, N], which fill what lies past T, K or N with zeros; only the store is masked on the
   expert's rows. Where strides rule TMA out, every load and store is masked on M, N and K instead:
   any M (0 included), N and K, and strided inputs.
-- the tile size follows the tokens per expert (``choose_config``); with TMA, an expert's last row tile
-  that holds at most half a tile of 128 rows or more is computed half as high (``tail_rows``): whole
-  tiles compute their rows past the expert's end too, and an expert with a few tokens more than a tile
-  holds would otherwise pay for a second full tile.
+- the tile size follows the tokens per expert (``choose_config``).
 
 Accumulation is in fp32; inputs fp16, bf16 or fp32. ``tile_schedule`` is the same schedule in plain
 Python (the seed's worked example).
@@ -109,44 +106,30 @@ def _grouped_gemm_tma_kernel(
     stride_xm, stride_we, stride_wk, stride_ym, stride_yn,
     NUM_PROGRAMS: tl.constexpr, BLOCK_E: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    STAGES: tl.constexpr, WS: tl.constexpr, FLATTEN: tl.constexpr, BLOCK_MT: tl.constexpr,
+    STAGES: tl.constexpr, WS: tl.constexpr, FLATTEN: tl.constexpr,
 ):
     """The same schedule, with the tiles brought in by the tensor-memory accelerator (TMA): each program
     builds a descriptor of x [T, K] and one of w [E, K, N] on the device (no host work per launch);
     the unit fills what lies past T, K or N with zeros, so only the store is masked (rows past the
-    expert's end belong to the next expert). With ``BLOCK_MT < BLOCK_M``, an expert's last row tile
-    that holds at most ``BLOCK_MT`` of its rows is computed ``BLOCK_MT`` rows high: the same tile of the
-    schedule, a fraction of the products."""
+    expert's end belong to the next expert)."""
     pid = tl.program_id(0)
     x_desc = tl.make_tensor_descriptor(X, shape=[T, K], strides=[stride_xm, 1], block_shape=[BLOCK_M, BLOCK_K])
     w_desc = tl.make_tensor_descriptor(W, shape=[E, K, N], strides=[stride_we, stride_wk, 1],
                                        block_shape=[1, BLOCK_K, BLOCK_N])
-    if BLOCK_MT < BLOCK_M:
-        xt_desc = tl.make_tensor_descriptor(X, shape=[T, K], strides=[stride_xm, 1], block_shape=[BLOCK_MT, BLOCK_K])
     ee, lo, hi, tiles_m, tiles, ends, total = _schedule(OFFS, E, N, BLOCK_E, BLOCK_M, BLOCK_N)
     for tile in tl.range(pid, total, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WS):
         e, row0, row1, tm, tn = _tile(tile, ee, lo, hi, tiles_m, tiles, ends)
         r0 = row0 + tm * BLOCK_M
         c0 = tn * BLOCK_N
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+            a = x_desc.load([r0, k0])
+            b = w_desc.load([e, k0, c0]).reshape(BLOCK_K, BLOCK_N)
+            acc = tl.dot(a, b, acc)
+        rows = r0 + tl.arange(0, BLOCK_M)
         cols = c0 + tl.arange(0, BLOCK_N)
-        if BLOCK_MT < BLOCK_M and row1 - r0 <= BLOCK_MT:  # a short last tile
-            acc_t = tl.zeros([BLOCK_MT, BLOCK_N], tl.float32)
-            for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):  # names of their own: other shapes
-                a_t = xt_desc.load([r0, k0])
-                b_t = w_desc.load([e, k0, c0]).reshape(BLOCK_K, BLOCK_N)
-                acc_t = tl.dot(a_t, b_t, acc_t)
-            rows_t = r0 + tl.arange(0, BLOCK_MT)
-            y_t = Y + rows_t.to(tl.int64)[:, None] * stride_ym + cols[None, :] * stride_yn
-            tl.store(y_t, acc_t.to(Y.dtype.element_ty), mask=(rows_t < row1)[:, None] & (cols < N)[None, :])
-        else:
-            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-                a = x_desc.load([r0, k0])
-                b = w_desc.load([e, k0, c0]).reshape(BLOCK_K, BLOCK_N)
-                acc = tl.dot(a, b, acc)
-            rows = r0 + tl.arange(0, BLOCK_M)
-            y_ptr = Y + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :] * stride_yn
-            tl.store(y_ptr, acc.to(Y.dtype.element_ty), mask=(rows < row1)[:, None] & (cols < N)[None, :])
+        y_ptr = Y + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :] * stride_yn
+        tl.store(y_ptr, acc.to(Y.dtype.element_ty), mask=(rows < row1)[:, None] & (cols < N)[None, :])
 
 
 def _descriptor_memory(size: int, alignment: int, stream):
@@ -205,18 +188,10 @@ def tma_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
             and not ((x.stride(0) * es) % 16 or (w.stride(0) * es) % 16 or (w.stride(1) * es) % 16))
 
 
-def tail_rows(block_m: int) -> int:
-    """Height of the short last row tile the TMA kernel computes for an expert whose last tile holds at
-    most that many rows: half of row tiles of 128 or more (one warpgroup's product of 64 rows on Hopper),
-    none below. Chapter 4 counts what whole tiles compute past the experts' rows."""
-    return block_m // 2 if block_m >= 128 else block_m
-
-
 def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
                  num_programs: int | None = None, block_m: int | None = None, block_n: int | None = None,
                  block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                 tma: bool | None = None, warp_specialize: bool = False, flatten: bool = False,
-                 block_m_tail: int | None = None) -> torch.Tensor:
+                 tma: bool | None = None, warp_specialize: bool = False, flatten: bool = False) -> torch.Tensor:
     """y[offsets[e]:offsets[e+1]] = x[offsets[e]:offsets[e+1]] @ w[e] for every expert e, in one launch.
 
     x: [T, K] (tokens sorted by expert), w: [E, K, N], offsets: int32 [E + 1], non-decreasing, within
@@ -226,9 +201,6 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out
     tensor descriptors (Hopper's tensor-memory accelerator; None: whenever the strides allow it, i.e.
     unit stride in the last dimension and 16-byte aligned rows), else masked pointer loads (False, or
     strides TMA cannot take); ``warp_specialize`` and ``flatten`` pass to the TMA kernel's tile loop.
-    ``block_m_tail``: with TMA loads, an expert's last row tile that holds at most this many of its rows is
-    computed this many rows high (a power of two from 16 to ``block_m``; default ``tail_rows(block_m)``;
-    ``block_m`` turns it off).
     """
     _check(x, w, offsets, out)
     T, K = x.shape
@@ -246,10 +218,6 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out
     programs = num_programs or cfg["programs_per_sm"] * _sm_count(x.device)
     if programs < 1:
         raise ValueError(f"num_programs must be at least 1, got {programs}")
-    tail = tail_rows(block_m) if block_m_tail is None else block_m_tail
-    if tail < 16 or tail & (tail - 1) or tail > block_m:
-        raise ValueError(f"block_m_tail must be a power of two from 16 to block_m={block_m} (the smallest tl.dot is "
-                         f"16 rows; block_m turns the short tile off), got {tail}")
     meta = dict(NUM_PROGRAMS=programs, BLOCK_E=max(16, triton.next_power_of_2(E)), BLOCK_M=block_m, BLOCK_N=block_n,
                 BLOCK_K=block_k, num_warps=num_warps)
     if tma is not False and K and tma_applies(x, w):
@@ -257,7 +225,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out
             triton.set_allocator(_descriptor_memory)
         _grouped_gemm_tma_kernel[(programs,)](
             x, w, out, offsets, T, E, N, K, x.stride(0), w.stride(0), w.stride(1), out.stride(0), out.stride(1),
-            STAGES=num_stages, WS=warp_specialize, FLATTEN=flatten, BLOCK_MT=tail, **meta)
+            STAGES=num_stages, WS=warp_specialize, FLATTEN=flatten, **meta)
         return out
     _grouped_gemm_kernel[(programs,)](
         x, w, out, offsets, E, N, K,
