@@ -69,6 +69,28 @@ def test_matches_reference(Ms, K, N, dtype, tma):
     assert rel_err(out, gg.reference(x, w, offsets)) < TOL[dtype]
 
 
+def test_planned_launch():
+    """GroupedGemm plans once: new token counts reuse the plan; other shapes are refused, bad offsets too."""
+    gen = torch.Generator().manual_seed(6)
+    x, w, offsets = case([20, 0, 13], 24, 40, torch.float32, gen)
+    plan = gg.GroupedGemm(x, w, offsets, block_m=BM, block_n=BN, block_k=BK, num_programs=2)
+    assert plan.config["block_m"] == BM and plan.grid == (2,) and plan.tma == gg.tma_applies(x, w)
+    assert rel_err(plan(x, w, offsets), gg.reference(x, w, offsets)) < 1e-5
+    other = torch.tensor([0, 5, 30, 33], dtype=torch.int32)  # new token counts, same shapes: the same plan
+    assert rel_err(plan(x, w, other), gg.reference(x, w, other)) < 1e-5
+    buf = torch.full((33, 48), float("nan"))  # an out of other strides than the planned one
+    out = buf[:, :40]
+    out.zero_()
+    plan(x, w, offsets, out=out)
+    assert torch.isnan(buf[:, 40:]).all() and rel_err(out, gg.reference(x, w, offsets)) < 1e-5
+    with pytest.raises(ValueError, match="differ from the planned"):
+        plan(x[:10], w, offsets)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        plan(x, w, torch.tensor([0, 9, 3, 33], dtype=torch.int32))
+    with pytest.raises(ValueError, match="out must be"):
+        plan(x, w, offsets, out=torch.empty(33, 41))
+
+
 def test_weights_as_a_transposed_view():
     gen = torch.Generator().manual_seed(2)
     x, w, offsets = case([20, 7], 40, 33, torch.float32, gen, pad_k=1, w_nk=True)

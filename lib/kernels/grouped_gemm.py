@@ -188,6 +188,88 @@ def tma_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
             and not ((x.stride(0) * es) % 16 or (w.stride(0) * es) % 16 or (w.stride(1) * es) % 16))
 
 
+class GroupedGemm:
+    """A grouped-GEMM launch planned once for fixed shapes, strides and dtypes; each call only launches.
+
+    Planning checks the arguments and resolves the launch once (``choose_config``, TMA or pointer loads).
+    The first call compiles (or finds) the kernel through Triton's normal path; later calls hand the new
+    tensors straight to the compiled kernel, skipping the per-call checks and Triton's specialization,
+    which cost tens of microseconds of host time per call (chapter 4 measures both). ``offsets`` may
+    change from call to call: the token counts are read on the device. Calls must pass x and w of the
+    planned shapes, strides and dtypes (checked) and an ``out`` laid out as the planned one (contiguous
+    [T, N] unless the plan was given another); other tensors, or data not aligned to 16 bytes, take the
+    normal path. In Triton's interpreter (CPU) every call takes the normal path.
+    """
+
+    def __init__(self, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
+                 num_programs: int | None = None, block_m: int | None = None, block_n: int | None = None,
+                 block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+                 tma: bool | None = None, warp_specialize: bool = False, flatten: bool = False):
+        _check(x, w, offsets, out)
+        T, K = x.shape
+        E, _, N = w.shape
+        cfg = choose_config(T, E)
+        block_m = block_m or cfg["block_m"]
+        block_n = block_n or cfg["block_n"]
+        block_k = block_k or cfg["block_k"]
+        num_warps = num_warps or cfg["num_warps"]
+        num_stages = num_stages or cfg["num_stages"]
+        programs = num_programs or cfg["programs_per_sm"] * _sm_count(x.device)
+        if programs < 1:
+            raise ValueError(f"num_programs must be at least 1, got {programs}")
+        self.empty = E == 0 or T == 0 or N == 0
+        self.tma = bool(tma is not False and K and tma_applies(x, w))
+        self.grid = (programs,)
+        self.config = dict(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps,
+                           num_stages=num_stages, programs=programs, tma=self.tma)
+        self.meta = dict(NUM_PROGRAMS=programs, BLOCK_E=max(16, triton.next_power_of_2(E)), BLOCK_M=block_m,
+                         BLOCK_N=block_n, BLOCK_K=block_k)
+        if self.tma:
+            self.kernel = _grouped_gemm_tma_kernel
+            self.meta.update(STAGES=num_stages, WS=warp_specialize, FLATTEN=flatten)
+            self.options = dict(num_warps=num_warps)
+            self.scalars = (T, E, N, K, x.stride(0), w.stride(0), w.stride(1))
+        else:
+            self.kernel = _grouped_gemm_kernel
+            self.options = dict(num_warps=num_warps, num_stages=num_stages)
+            self.scalars = (E, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2))
+        self.meta_values = tuple(self.meta.values())  # in the kernel's order of constexpr parameters
+        self.layout = (x.shape, w.shape, offsets.shape, x.stride(), w.stride(), x.dtype, x.device)
+        self.out_stride = out.stride() if out is not None else (N, 1)
+        self.compiled = None
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+        if (x.shape, w.shape, offsets.shape, x.stride(), w.stride(), x.dtype, x.device) != self.layout \
+                or w.dtype != x.dtype or offsets.dtype != torch.int32 or offsets.device != x.device:
+            raise ValueError("x, w or offsets differ from the planned shapes, strides, dtypes or device: make a new "
+                             "GroupedGemm (or call grouped_gemm)")
+        if x.device.type == "cpu":
+            _check(x, w, offsets, out)  # the offsets' values, cheap on the CPU
+        T, N = x.shape[0], w.shape[2]
+        if out is None:
+            out = torch.zeros(T, N, device=x.device, dtype=x.dtype)
+        elif out.shape != (T, N) or out.dtype != x.dtype or out.device != x.device:
+            raise ValueError(f"out must be [{T}, {N}] {x.dtype} on {x.device}; got {tuple(out.shape)} {out.dtype}")
+        if self.empty:
+            return out
+        args = (x, w, out, offsets, *self.scalars, out.stride(0), out.stride(1))
+        ck = self.compiled
+        direct = out.stride() == self.out_stride and not (
+            (x.data_ptr() | w.data_ptr() | out.data_ptr() | offsets.data_ptr()) % 16)
+        if ck is not None and direct:
+            stream = torch._C._cuda_getCurrentRawStream(x.device.index)
+            ck.run(*self.grid, 1, 1, stream, ck.function, ck.packed_metadata, None, None, None, *args,
+                   *self.meta_values)
+            return out
+        if self.tma and isinstance(_allocation._allocator.get(), _allocation.NullAllocator):  # keep the caller's
+            triton.set_allocator(_descriptor_memory)
+        ck = self.kernel[self.grid](*args, **self.meta, **self.options)
+        if direct and x.device.type == "cuda" and hasattr(ck, "packed_metadata"):
+            self.compiled = ck
+        return out
+
+
 def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
                  num_programs: int | None = None, block_m: int | None = None, block_n: int | None = None,
                  block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
@@ -201,37 +283,12 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out
     tensor descriptors (Hopper's tensor-memory accelerator; None: whenever the strides allow it, i.e.
     unit stride in the last dimension and 16-byte aligned rows), else masked pointer loads (False, or
     strides TMA cannot take); ``warp_specialize`` and ``flatten`` pass to the TMA kernel's tile loop.
+    It plans on every call; for repeated calls of one shape, ``GroupedGemm`` plans once.
     """
-    _check(x, w, offsets, out)
-    T, K = x.shape
-    E, _, N = w.shape
-    if out is None:
-        out = torch.zeros(T, N, device=x.device, dtype=x.dtype)
-    if E == 0 or T == 0 or N == 0:
-        return out
-    cfg = choose_config(T, E)
-    block_m = block_m or cfg["block_m"]
-    block_n = block_n or cfg["block_n"]
-    block_k = block_k or cfg["block_k"]
-    num_warps = num_warps or cfg["num_warps"]
-    num_stages = num_stages or cfg["num_stages"]
-    programs = num_programs or cfg["programs_per_sm"] * _sm_count(x.device)
-    if programs < 1:
-        raise ValueError(f"num_programs must be at least 1, got {programs}")
-    meta = dict(NUM_PROGRAMS=programs, BLOCK_E=max(16, triton.next_power_of_2(E)), BLOCK_M=block_m, BLOCK_N=block_n,
-                BLOCK_K=block_k, num_warps=num_warps)
-    if tma is not False and K and tma_applies(x, w):
-        if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):  # keep one the caller set
-            triton.set_allocator(_descriptor_memory)
-        _grouped_gemm_tma_kernel[(programs,)](
-            x, w, out, offsets, T, E, N, K, x.stride(0), w.stride(0), w.stride(1), out.stride(0), out.stride(1),
-            STAGES=num_stages, WS=warp_specialize, FLATTEN=flatten, **meta)
-        return out
-    _grouped_gemm_kernel[(programs,)](
-        x, w, out, offsets, E, N, K,
-        x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
-        num_stages=num_stages, **meta)
-    return out
+    plan = GroupedGemm(x, w, offsets, out=out, num_programs=num_programs, block_m=block_m, block_n=block_n,
+                       block_k=block_k, num_warps=num_warps, num_stages=num_stages, tma=tma,
+                       warp_specialize=warp_specialize, flatten=flatten)
+    return plan(x, w, offsets, out=out)
 
 
 def reference(x, w, offsets, dtype=torch.float32):
