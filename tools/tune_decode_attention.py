@@ -313,6 +313,19 @@ def _rounds(fns, time_us):
     return res, {n: sorted(v)[1] for n, v in res.items()}
 
 
+def _best_three(found, sdpa, default, plan_default, data, ref, t_of, shape):
+    """SDPA, the default launch and the three fastest of ``found`` ((GPU time, launch) pairs), in three
+    interleaved rounds; the row's fields, printed in one line."""
+    found.sort(key=lambda x: x[0])
+    paths = {"sdpa": sdpa, "default": default} | {json.dumps(kw): _checked_plan(data, ref, "paged", kw)[1]
+                                                   for _, kw in found[:3]}
+    res, med = _rounds(paths, lambda f: t_of(f, reps=9))
+    print(shape, f"sdpa {med['sdpa']:.2f} default {med['default']:.2f} ({med['sdpa'] / med['default']:.3f})",
+          [(n, round(med[n], 2), round(med["sdpa"] / med[n], 3)) for n in list(med)[2:]], flush=True)
+    return dict(found=found, rounds=res, median=med,
+                default=dict(plan_default.meta, splits=plan_default.splits, warps=plan_default.options["num_warps"]))
+
+
 def sweep_per_page(out_path):
     """Page 16: one block-table entry per page of a tile against one per token, and the contiguous cache,
     in three rounds (the second in reverse order) whose middle value is kept, at long MQA contexts and a
@@ -383,17 +396,10 @@ def sweep_warps(out_path, budget_s=280.0):
                     found.append((t_of(fns), dict(kw, num_splits=plan.splits)))
             except Exception as e:  # a launch the compiler rejects
                 print("failed", (B, L, H_kv), kw, type(e).__name__, str(e)[:80], flush=True)
-        found.sort(key=lambda x: x[0])
-        paths = {"sdpa": sdpa, "default": default} | {json.dumps(kw): _checked_plan(data, ref, "paged", kw)[1]
-                                                       for _, kw in found[:3]}
-        res, med = _rounds(paths, lambda f: t_of(f, reps=9))
-        rows.append(dict(B=B, L=L, H_kv=H_kv, kind="shape", found=found, rounds=res, median=med,
-                         default=dict(plan_default.meta, splits=plan_default.splits,
-                                      warps=plan_default.options["num_warps"])))
-        print((B, L, H_kv), f"sdpa {med['sdpa']:.2f} default {med['default']:.2f}",
-              [(n, round(med[n], 2), round(med["sdpa"] / med[n], 3)) for n in list(med)[2:]], flush=True)
+        rows.append(dict(B=B, L=L, H_kv=H_kv, kind="shape",
+                         **_best_three(found, sdpa, default, plan_default, data, ref, t_of, (B, L, H_kv))))
         _write(rows, out_path)
-        del data, paths
+        del data
         torch.cuda.empty_cache()
     for B, L in [(1, 131072), (1, 16384), (8, 131072), (64, 131072)]:
         if time.perf_counter() - t0 > budget_s + 60:
@@ -446,17 +452,9 @@ def sweep_mqa(out_path, budget_s=420.0):
                 found.append((t_of(_checked_plan(data, ref, "paged", kw)[1]), kw))
             except Exception as e:  # a launch the compiler rejects
                 print("failed", (B, L), kw, type(e).__name__, str(e)[:80], flush=True)
-        found.sort(key=lambda x: x[0])
-        paths = {"sdpa": sdpa, "default": default} | {json.dumps(kw): _checked_plan(data, ref, "paged", kw)[1]
-                                                       for _, kw in found[:3]}
-        res, med = _rounds(paths, lambda f: t_of(f, reps=9))
-        rows.append(dict(B=B, L=L, H_kv=1, found=found, rounds=res, median=med,
-                         default=dict(plan_default.meta, splits=plan_default.splits,
-                                      warps=plan_default.options["num_warps"])))
-        print((B, L), f"sdpa {med['sdpa']:.2f} default {med['default']:.2f} ({med['sdpa'] / med['default']:.3f})",
-              [(n, round(med[n], 2), round(med["sdpa"] / med[n], 3)) for n in list(med)[2:]], flush=True)
+        rows.append(dict(B=B, L=L, H_kv=1, **_best_three(found, sdpa, default, plan_default, data, ref, t_of, (B, L, 1))))
         _write(rows, out_path)
-        del data, paths
+        del data
         torch.cuda.empty_cache()
 
 
