@@ -221,6 +221,27 @@ def test_planned_launches_match_and_check_shapes():
         plan(q[:1], kc, vc, bt[:1], sl[:1])
 
 
+def test_partials_combined_by_hand():
+    """The split pass alone: its partials, combined by log-sum-exp in float64 (``combine_partials``), give
+    the reference; a split past a request's end has no tokens (m = -inf, l = 0); the combined call
+    agrees; plans that combine inside their one launch refuse."""
+    gen = torch.Generator().manual_seed(17)
+    q, kc, vc, bt, sl = paged_case([61, 5, 33], 2, 4, 32, 16, torch.float32, gen)
+    plan = da.DecodeAttention(q, kc, vc, bt, sl, num_splits=4, block_n=16, combine="kernel")
+    acc, m, l_sum = (t.clone().double() for t in plan.partials(q, kc, vc, bt, sl))
+    assert acc.shape == (3, 8, 4, 32) and m.shape == l_sum.shape == (3, 8, 4)
+    # splits of 16 tokens: request 1 (5 tokens) has tokens in its first split only
+    assert torch.isinf(m[1, :, 1:]).all() and (m[1, :, 1:] < 0).all() and (l_sum[1, :, 1:] == 0).all()
+    assert torch.isfinite(m[0]).all() and (l_sum[0] >= 1).all()
+    by_hand = da.combine_partials(acc, m, l_sum)
+    ref = da.reference(q, kc, vc, bt, sl, dtype=torch.float64)
+    assert ((by_hand - ref).norm() / ref.norm()).item() < 1e-5
+    assert rel_err(plan(q, kc, vc, bt, sl), ref.float()) < 1e-5
+    inline = da.DecodeAttention(q, kc, vc, bt, sl, num_splits=4, block_n=16, combine="inline")
+    with pytest.raises(ValueError, match="combine='kernel'"):
+        inline.partials(q, kc, vc, bt, sl)
+
+
 @pytest.mark.parametrize("per_page", [True, False])
 @pytest.mark.parametrize("prefetch", [True, False])
 @pytest.mark.parametrize("page", [1, 16, 32, 64])

@@ -383,6 +383,7 @@ class DecodeAttention:
                       *v_cache.stride()[:3], block_table.stride(0), q.stride(0), q.stride(1))
         self.compiled = None
         self.compiled_combine = None
+        self.cuda = q.device.index if q.device.type == "cuda" else None  # the device a direct launch goes to
 
     def tiles_in_flight(self) -> int | None:
         """K tiles the compiled kernel keeps in flight per program: the depth of its shared-memory ring of
@@ -399,6 +400,30 @@ class DecodeAttention:
     def __call__(self, q, k_cache, v_cache, block_table, seq_lens, out=None):
         if out is None:
             out = torch.empty_like(q)
+        return self._launch(q, k_cache, v_cache, block_table, seq_lens, out, combine=True)
+
+    def partials(self, q, k_cache, v_cache, block_table, seq_lens):
+        """The split pass alone, for plans that combine in a second launch (``combine="kernel"``, more
+        than one split): each split's partial result, not combined, as views of the plan's workspace
+        (valid until its next call):
+
+        - ``acc`` [B, H_q, splits, d]: the sum over the split's tokens of 2^(s - m) v, not normalised;
+        - ``m`` [B, H_q, splits]: the split's largest score s, in base 2 (s = q.k * scale * log2(e));
+          -inf for a split with no tokens;
+        - ``l`` [B, H_q, splits]: the sum of 2^(s - m) over the split's tokens.
+
+        The output is sum_i 2^(m_i - M) acc_i / sum_i 2^(m_i - M) l_i with M = max_i m_i, which is what
+        the combine computes (chapter 3 times this pass alone and combines its partials by hand)."""
+        if not self.second:
+            raise ValueError(f"this plan combines inside its one launch ({self.splits} split(s), combine="
+                             f"{self.combine!r}): plan with combine='kernel' and num_splits > 1 to see the partials")
+        self._launch(q, k_cache, v_cache, block_table, seq_lens, torch.empty_like(q), combine=False)
+        B, H_q, D = q.shape
+        acc, m, l_sum = self.workspace[:3]
+        return (acc.view(B, H_q, self.splits, D), m.view(B, H_q, self.splits),
+                l_sum.view(B, H_q, self.splits))
+
+    def _launch(self, q, k_cache, v_cache, block_table, seq_lens, out, combine):
         if (q.shape, k_cache.shape, block_table.shape, q.stride(), k_cache.stride(), v_cache.stride(),
                 block_table.stride()) != self.shapes or out.stride() != q.stride():
             raise ValueError("tensors differ from the planned shapes or strides: make a new DecodeAttention")
@@ -406,23 +431,29 @@ class DecodeAttention:
             return out
         # the strides equal the planned ones (checked above), so their values were fixed at planning
         args = (q, k_cache, v_cache, block_table, seq_lens, out, *self.fixed)
-        ck, cc = self.compiled, self.compiled_combine
+        second = self.second and combine
         aligned = not ((q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | block_table.data_ptr()
                         | seq_lens.data_ptr() | out.data_ptr()) % 16)
-        if ck is not None and aligned and (cc is not None or not self.second):
-            stream = _raw_stream(q.device.index)
-            ck.run(*self.grid, stream, ck.function, ck.packed_metadata, None, None, None, *args, *self.meta_values)
-            if self.second:
-                cc.run(self.grid[0], self.grid_heads, 1, stream, cc.function, cc.packed_metadata, None, None, None,
-                       *self.combine_args, out, self.grid_heads, q.stride(0), q.stride(1), *self.combine_meta.values())
+        direct = aligned and self.cuda is not None
+        ck = self.compiled if direct else None
+        if ck is not None:
+            ck.run(*self.grid, _raw_stream(self.cuda), ck.function, ck.packed_metadata, None, None, None, *args,
+                   *self.meta_values)
+        else:
+            ck = _decode_kernel[self.grid](*args, **self.meta, **self.options)
+            if direct and hasattr(ck, "packed_metadata"):
+                self.compiled = ck
+        if not second:
             return out
-        ck = _decode_kernel[self.grid](*args, **self.meta, **self.options)
-        cc = None
-        if self.second:
-            cc = _combine_kernel[(self.grid[0], self.grid_heads)](*self.combine_args, out, self.grid_heads, q.stride(0),
-                                                                  q.stride(1), **self.combine_meta, num_warps=4)
-        if aligned and q.device.type == "cuda" and hasattr(ck, "packed_metadata"):
-            self.compiled, self.compiled_combine = ck, cc
+        combine_args = (*self.combine_args, out, self.grid_heads, q.stride(0), q.stride(1))
+        cc = self.compiled_combine if direct else None
+        if cc is not None:
+            cc.run(self.grid[0], self.grid_heads, 1, _raw_stream(self.cuda), cc.function, cc.packed_metadata,
+                   None, None, None, *combine_args, *self.combine_meta.values())
+        else:
+            cc = _combine_kernel[(self.grid[0], self.grid_heads)](*combine_args, **self.combine_meta, num_warps=4)
+            if direct and hasattr(cc, "packed_metadata"):
+                self.compiled_combine = cc
         return out
 
 
@@ -487,6 +518,17 @@ def dense_as_paged(dense: torch.Tensor):
     """A dense cache [B, H_kv, L, d] viewed as one page per request: (cache, block_table), no copy."""
     B = dense.shape[0]
     return dense, torch.arange(B, dtype=torch.int32, device=dense.device).view(B, 1)
+
+
+def combine_partials(acc: torch.Tensor, m: torch.Tensor, l_sum: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
+    """Combine the splits' partial results of ``DecodeAttention.partials`` by log-sum-exp, in ``dtype``:
+    [B, H_q, splits, d], [B, H_q, splits], [B, H_q, splits] -> [B, H_q, d]. What the combine kernel does,
+    written in torch; splits without tokens (m = -inf) weigh nothing."""
+    acc, m, l_sum = acc.to(dtype), m.to(dtype), l_sum.to(dtype)
+    top = m.max(dim=-1, keepdim=True).values
+    w = torch.exp2(m - torch.where(torch.isinf(top), 0.0, top))  # 2^(m_i - M); a request with no tokens: all 0
+    total = (l_sum * w).sum(-1, keepdim=True)
+    return (acc * w[..., None]).sum(-2) / torch.where(total > 0, total, 1.0)
 
 
 def reference(q, k_cache, v_cache, block_table, seq_lens, scale=None, dtype=torch.float32):
