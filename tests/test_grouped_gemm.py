@@ -69,32 +69,6 @@ def test_matches_reference(Ms, K, N, dtype, tma):
     assert rel_err(out, gg.reference(x, w, offsets)) < TOL[dtype]
 
 
-@pytest.mark.parametrize("Ms,K,programs,split", [
-    ([3 * BM, BM - 1], 5 * BK, 6, (2, 3)),            # 8 tiles over 6 programs: 2 left, 3 parts each
-    ([BM, BM, 2 * BM + 1], 4 * BK + 3, 3, (1, 3)),    # 3 whole rounds, then 1 tile in 3 parts
-    ([3 * BM, BM - 1], BK + 1, 7, (1, 2)),            # parts capped by the 2 k-steps
-    ([BM, 0, 1], 7 * BK + 1, 9, (4, 2)),              # no whole round: 4 tiles in 2 parts each
-    ([5, 0, 20], 3 * BK - 3, 13, (6, 2)),             # an empty expert; parts of 1 and 2 k-steps
-    ([2 * BM, BM + 3, 5], 4 * BK + 3, 5, (0, 1)),     # 10 tiles over 5 programs: nothing to split
-])
-def test_split_tail(Ms, K, programs, split):
-    """The last round's tiles cut along K over idle programs, their parts added by the last to finish:
-    the result of whole tiles, every tile written once, the counts left at zero for the next call."""
-    gen = torch.Generator().manual_seed(len(Ms) * 100 + K + programs)
-    N = 2 * BN - 5
-    x, w, offsets = case(Ms, K, N, torch.float32, gen, pad_k=(-K) % 8 + 8, pad_n=(-N) % 8 + 8)
-    assert gg.tma_applies(x, w)
-    tiles = sum(-(-m // BM) for m in Ms) * -(-N // BN)
-    assert gg.tail_split(tiles, programs, -(-K // BK)) == split
-    ref = gg.reference(x, w, offsets)
-    for _ in range(2):  # the second call finds the counts reset
-        out = run_guarded(x, w, offsets, num_programs=programs, split_tail=True)
-        assert rel_err(out, ref) < 1e-5
-    whole = run_guarded(x, w, offsets, num_programs=programs, split_tail=False)
-    assert rel_err(out, whole) < 1e-5
-    assert int(gg._partials(x.device, programs, BM, BN)[1].abs().sum()) == 0
-
-
 def test_planned_launch():
     """GroupedGemm plans once: new token counts reuse the plan; other shapes are refused, bad offsets too."""
     gen = torch.Generator().manual_seed(6)

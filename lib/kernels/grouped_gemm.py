@@ -100,94 +100,41 @@ def _grouped_gemm_kernel(
 
 
 @triton.jit
-def _tile_product(x_desc, w_desc, e, r0, c0, k_lo, k_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
-    """One output tile's product over columns k_lo .. k_hi - 1 of x (rows of w[e]), in fp32."""
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
-        a = x_desc.load([r0, k0])
-        b = w_desc.load([e, k0, c0]).reshape(BLOCK_K, BLOCK_N)
-        acc = tl.dot(a, b, acc)
-    return acc
-
-
-@triton.jit
 def _grouped_gemm_tma_kernel(
-    X, W, Y, OFFS, PART, CNT,
+    X, W, Y, OFFS,
     T, E, N, K,
     stride_xm, stride_we, stride_wk, stride_ym, stride_yn,
     NUM_PROGRAMS: tl.constexpr, BLOCK_E: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    STAGES: tl.constexpr, WS: tl.constexpr, FLATTEN: tl.constexpr, SPLIT_TAIL: tl.constexpr,
+    STAGES: tl.constexpr, WS: tl.constexpr, FLATTEN: tl.constexpr,
 ):
     """The same schedule, with the tiles brought in by the tensor-memory accelerator (TMA): each program
     builds a descriptor of x [T, K] and one of w [E, K, N] on the device (no host work per launch);
     the unit fills what lies past T, K or N with zeros, so only the store is masked (rows past the
-    expert's end belong to the next expert).
-
-    SPLIT_TAIL: when the last round of whole tiles would leave at least half the programs idle, its
-    ``rem`` tiles are cut along K into ``pieces`` = NUM_PROGRAMS // rem parts, one per program; each part
-    writes its fp32 partial tile to PART (one slot per program) and counts itself in CNT; the last part
-    of a tile to finish adds the others' partials and stores the tile, then resets its count."""
+    expert's end belong to the next expert)."""
     pid = tl.program_id(0)
     x_desc = tl.make_tensor_descriptor(X, shape=[T, K], strides=[stride_xm, 1], block_shape=[BLOCK_M, BLOCK_K])
     w_desc = tl.make_tensor_descriptor(W, shape=[E, K, N], strides=[stride_we, stride_wk, 1],
                                        block_shape=[1, BLOCK_K, BLOCK_N])
     ee, lo, hi, tiles_m, tiles, ends, total = _schedule(OFFS, E, N, BLOCK_E, BLOCK_M, BLOCK_N)
-    rem = total % NUM_PROGRAMS
-    k_iters = (K + BLOCK_K - 1) // BLOCK_K
-    pieces = tl.minimum(NUM_PROGRAMS // tl.maximum(rem, 1), k_iters)
-    split = SPLIT_TAIL & (rem > 0) & (pieces >= 2)
-    whole = tl.where(split, total - rem, total)  # tiles computed whole, round by round
-    for tile in tl.range(pid, whole, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WS):
+    for tile in tl.range(pid, total, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WS):
         e, row0, row1, tm, tn = _tile(tile, ee, lo, hi, tiles_m, tiles, ends)
         r0 = row0 + tm * BLOCK_M
         c0 = tn * BLOCK_N
-        acc = _tile_product(x_desc, w_desc, e, r0, c0, 0, K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+            a = x_desc.load([r0, k0])
+            b = w_desc.load([e, k0, c0]).reshape(BLOCK_K, BLOCK_N)
+            acc = tl.dot(a, b, acc)
         rows = r0 + tl.arange(0, BLOCK_M)
         cols = c0 + tl.arange(0, BLOCK_N)
         y_ptr = Y + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :] * stride_yn
         tl.store(y_ptr, acc.to(Y.dtype.element_ty), mask=(rows < row1)[:, None] & (cols < N)[None, :])
-    if split & (pid < rem * pieces):  # a part of one of the last round's tiles
-        j = pid // pieces
-        part = pid % pieces
-        e, row0, row1, tm, tn = _tile(whole + j, ee, lo, hi, tiles_m, tiles, ends)
-        r0 = row0 + tm * BLOCK_M
-        c0 = tn * BLOCK_N
-        k_lo = (part * k_iters // pieces) * BLOCK_K
-        k_hi = ((part + 1) * k_iters // pieces) * BLOCK_K
-        acc = _tile_product(x_desc, w_desc, e, r0, c0, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
-        cells = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        tl.store(PART + pid.to(tl.int64) * (BLOCK_M * BLOCK_N) + cells, acc)
-        # acq_rel: this part's partial is visible before the count moves, so the last part sees them all
-        if tl.atomic_add(CNT + j, 1) == pieces - 1:
-            for i in range(pieces):
-                if i != part:
-                    acc += tl.load(PART + (j * pieces + i).to(tl.int64) * (BLOCK_M * BLOCK_N) + cells,
-                                   cache_modifier=".cg")
-            rows = r0 + tl.arange(0, BLOCK_M)
-            cols = c0 + tl.arange(0, BLOCK_N)
-            y_ptr = Y + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :] * stride_yn
-            tl.store(y_ptr, acc.to(Y.dtype.element_ty), mask=(rows < row1)[:, None] & (cols < N)[None, :])
-            tl.atomic_xchg(CNT + j, 0)  # ready for the next call
 
 
 def _descriptor_memory(size: int, alignment: int, stream):
     """Global memory for the descriptors the TMA kernel builds on the device (128 bytes each)."""
     return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
-
-
-_PARTIALS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def _partials(device, programs: int, block_m: int, block_n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The split tail's workspace: one fp32 tile per program, and one count per tile of the last round
-    (zero between calls: the last part of each tile resets its count)."""
-    key = (device, programs, block_m, block_n)
-    if key not in _PARTIALS:
-        _PARTIALS[key] = (torch.empty(programs * block_m * block_n, device=device, dtype=torch.float32),
-                          torch.zeros(programs, device=device, dtype=torch.int32))
-    return _PARTIALS[key]
 
 
 @functools.cache
@@ -257,8 +204,7 @@ class GroupedGemm:
     def __init__(self, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
                  num_programs: int | None = None, block_m: int | None = None, block_n: int | None = None,
                  block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                 tma: bool | None = None, warp_specialize: bool = False, flatten: bool = False,
-                 split_tail: bool = True):
+                 tma: bool | None = None, warp_specialize: bool = False, flatten: bool = False):
         _check(x, w, offsets, out)
         T, K = x.shape
         E, _, N = w.shape
@@ -275,16 +221,14 @@ class GroupedGemm:
         self.tma = bool(tma is not False and K and tma_applies(x, w))
         self.grid = (programs,)
         self.config = dict(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps,
-                           num_stages=num_stages, programs=programs, tma=self.tma,
-                           split_tail=self.tma and bool(split_tail))
+                           num_stages=num_stages, programs=programs, tma=self.tma)
         self.meta = dict(NUM_PROGRAMS=programs, BLOCK_E=max(16, triton.next_power_of_2(E)), BLOCK_M=block_m,
                          BLOCK_N=block_n, BLOCK_K=block_k)
         if self.tma:
             self.kernel = _grouped_gemm_tma_kernel
-            self.meta.update(STAGES=num_stages, WS=warp_specialize, FLATTEN=flatten, SPLIT_TAIL=bool(split_tail))
+            self.meta.update(STAGES=num_stages, WS=warp_specialize, FLATTEN=flatten)
             self.options = dict(num_warps=num_warps)
-            self.scalars = (*_partials(x.device, programs, block_m, block_n), T, E, N, K, x.stride(0), w.stride(0),
-                            w.stride(1))
+            self.scalars = (T, E, N, K, x.stride(0), w.stride(0), w.stride(1))
         else:
             self.kernel = _grouped_gemm_kernel
             self.options = dict(num_warps=num_warps, num_stages=num_stages)
@@ -329,8 +273,7 @@ class GroupedGemm:
 def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
                  num_programs: int | None = None, block_m: int | None = None, block_n: int | None = None,
                  block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                 tma: bool | None = None, warp_specialize: bool = False, flatten: bool = False,
-                 split_tail: bool = True) -> torch.Tensor:
+                 tma: bool | None = None, warp_specialize: bool = False, flatten: bool = False) -> torch.Tensor:
     """y[offsets[e]:offsets[e+1]] = x[offsets[e]:offsets[e+1]] @ w[e] for every expert e, in one launch.
 
     x: [T, K] (tokens sorted by expert), w: [E, K, N], offsets: int32 [E + 1], non-decreasing, within
@@ -340,23 +283,12 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out
     tensor descriptors (Hopper's tensor-memory accelerator; None: whenever the strides allow it, i.e.
     unit stride in the last dimension and 16-byte aligned rows), else masked pointer loads (False, or
     strides TMA cannot take); ``warp_specialize`` and ``flatten`` pass to the TMA kernel's tile loop.
-    ``split_tail`` (TMA kernel): where the last round of whole tiles would leave at least half the
-    programs idle, cut its tiles along K over the programs and add the parts (split-K for the tail).
     It plans on every call; for repeated calls of one shape, ``GroupedGemm`` plans once.
     """
     plan = GroupedGemm(x, w, offsets, out=out, num_programs=num_programs, block_m=block_m, block_n=block_n,
                        block_k=block_k, num_warps=num_warps, num_stages=num_stages, tma=tma,
-                       warp_specialize=warp_specialize, flatten=flatten, split_tail=split_tail)
+                       warp_specialize=warp_specialize, flatten=flatten)
     return plan(x, w, offsets, out=out)
-
-
-def tail_split(tiles: int, programs: int, k_steps: int) -> tuple[int, int]:
-    """The split tail of the TMA kernel in plain Python: (tiles of the last round cut along K, parts per
-    tile), or (0, 1) where the tail is not split (the last round is full or more than half full, or K has
-    a single step of ``block_k``). The kernel computes the same on the device from the token counts."""
-    rem = tiles % programs
-    pieces = min(programs // max(rem, 1), k_steps)
-    return (rem, pieces) if rem and pieces >= 2 else (0, 1)
 
 
 def reference(x, w, offsets, dtype=torch.float32):
