@@ -69,6 +69,36 @@ def test_matches_reference(Ms, K, N, dtype, tma):
     assert rel_err(out, gg.reference(x, w, offsets)) < TOL[dtype]
 
 
+@pytest.mark.parametrize("tma", [False, True])
+def test_half_tail_tiles(tma):
+    """Half-height last row tiles (block_m 32, halves of 16): experts whose rows past their last full tile
+    number 1, 16 (a half tile exactly), 17 (a full tile), 0, and an expert of one half tile between empty
+    ones; the same output as whole tiles, and the schedule counts the halves."""
+    gen = torch.Generator().manual_seed(11)
+    Ms, K, N = [33, 48, 49, 0, 16, 0, 64, 1], 40, 2 * BN + 3
+    pad = dict(pad_k=(-K) % 8 + 8, pad_n=(-N) % 8 + 8) if tma else dict(pad_k=3, pad_n=5)
+    x, w, offsets = case(Ms, K, N, torch.float32, gen, **pad)
+    ref = gg.reference(x, w, offsets)
+    T = x.shape[0]
+    for half in (True, False):
+        buf = torch.full((T + 2, N + 5), float("nan"))
+        out = buf[:T, :N]
+        out.zero_()
+        plan = gg.GroupedGemm(x, w, offsets, out=out, block_m=32, block_n=BN, block_k=BK, num_programs=3, tma=tma,
+                              half_tail=half)
+        assert plan.config["half_tail"] is half and plan.tma is tma
+        plan(x, w, offsets, out=out)
+        assert torch.isnan(buf[:, N:]).all() and torch.isnan(buf[T:]).all(), "wrote outside the output"
+        assert rel_err(out, ref) < 1e-5
+    heights = [gg.row_tiles(m, 32, half_tail=True) for m in Ms]
+    assert heights == [[32, 16], [32, 16], [32, 32], [], [16], [], [32, 32], [16]]
+    assert [gg.row_tiles(m, 32) for m in (33, 16, 0)] == [[32, 32], [32], []]
+    rows = gg.tile_schedule(Ms, N, 32, BN, workers=3, half_tail=True)
+    assert len(rows) == sum(map(len, heights)) * 3 and sum(r["rows"] for r in rows) == 3 * sum(map(sum, heights))
+    with pytest.raises(ValueError, match="half_tail needs block_m"):
+        gg.GroupedGemm(x, w, offsets, block_m=24, half_tail=True)
+
+
 def test_planned_launch():
     """GroupedGemm plans once: new token counts reuse the plan; other shapes are refused, bad offsets too."""
     gen = torch.Generator().manual_seed(6)

@@ -41,24 +41,32 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @triton.jit
-def _schedule(OFFS, E, N, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Every expert's tile count and where its tiles end, from the offsets alone (in registers)."""
+def _schedule(OFFS, E, N, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              HALF_TAIL: tl.constexpr):
+    """Every expert's tile count and where its tiles end, from the offsets alone (in registers).
+    HALF_TAIL: an expert whose rows past its last full row tile fit in half a tile gets a half-height
+    last tile (``half``)."""
     ee = tl.arange(0, BLOCK_E)
     emask = ee < E
     lo = tl.load(OFFS + ee, mask=emask, other=0)
     hi = tl.load(OFFS + ee + 1, mask=emask, other=0)
     count = tl.maximum(hi - lo, 0)
     tiles_m = (count + BLOCK_M - 1) // BLOCK_M
+    if HALF_TAIL:
+        half = (count > 0) & (count - (tiles_m - 1) * BLOCK_M <= BLOCK_M // 2)  # the last row tile's rows
+    else:
+        half = count < 0
     tiles = tiles_m * ((N + BLOCK_N - 1) // BLOCK_N)
     ends = tl.cumsum(tiles, 0)  # inclusive: the first tile id after expert e
     total = tl.sum(tiles, 0)
     ends = tl.where(emask, ends, total + 1)  # padding never counts as a finished expert
-    return ee, lo, hi, tiles_m, tiles, ends, total
+    return ee, lo, hi, tiles_m, half.to(tl.int32), tiles, ends, total
 
 
 @triton.jit
-def _tile(tile, ee, lo, hi, tiles_m, tiles, ends):
-    """Expert, its rows [row0, row1) and the (row, column) block of tile id ``tile``."""
+def _tile(tile, ee, lo, hi, tiles_m, half, tiles, ends):
+    """Expert, its rows [row0, row1), the (row, column) block of tile id ``tile``, and whether that tile
+    is a half-height last row tile."""
     e = tl.sum((ends <= tile).to(tl.int32), 0)  # experts wholly before this tile; empty ones included
     sel = ee == e
     t = tile - (tl.sum(tl.where(sel, ends, 0), 0) - tl.sum(tl.where(sel, tiles, 0), 0))
@@ -67,7 +75,46 @@ def _tile(tile, ee, lo, hi, tiles_m, tiles, ends):
     row1 = tl.sum(tl.where(sel, hi, 0), 0)
     tm = t % tm_count  # rows fastest: neighbouring tiles share w[e]'s column block
     tn = t // tm_count
-    return e, row0, row1, tm, tn
+    is_half = (tl.sum(tl.where(sel, half, 0), 0) > 0) & (tm == tm_count - 1)
+    return e, row0, row1, tm, tn, is_half
+
+
+@triton.jit
+def _pointer_tile(X, W, Y, e, r0, c0, row1, N, K, stride_xm, stride_xk, stride_we, stride_wk, stride_wn,
+                  stride_ym, stride_yn, BM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One output tile of BM rows from r0 (rows from row1 on are the next expert's: masked) by masked
+    pointer loads."""
+    rows = r0 + tl.arange(0, BM)
+    cols = c0 + tl.arange(0, BLOCK_N)
+    rmask = rows < row1
+    cmask = cols < N
+    x_ptr = X + rows.to(tl.int64)[:, None] * stride_xm
+    w_ptr = W + e.to(tl.int64) * stride_we + cols.to(tl.int64)[None, :] * stride_wn
+    acc = tl.zeros([BM, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        kmask = kk < K
+        a = tl.load(x_ptr + kk[None, :] * stride_xk, mask=rmask[:, None] & kmask[None, :], other=0.0)
+        b = tl.load(w_ptr + kk.to(tl.int64)[:, None] * stride_wk, mask=kmask[:, None] & cmask[None, :], other=0.0)
+        acc = tl.dot(a, b, acc)
+    y_ptr = Y + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :] * stride_yn
+    tl.store(y_ptr, acc.to(Y.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+
+
+@triton.jit
+def _tma_tile(x_desc, w_desc, Y, e, r0, c0, row1, N, K, stride_ym, stride_yn, BM: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+    """One output tile of BM rows from r0, its loads by TMA (``x_desc`` has blocks of BM rows); only the
+    store is masked."""
+    acc = tl.zeros([BM, BLOCK_N], tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        a = x_desc.load([r0, k0])
+        b = w_desc.load([e, k0, c0]).reshape(BLOCK_K, BLOCK_N)
+        acc = tl.dot(a, b, acc)
+    rows = r0 + tl.arange(0, BM)
+    cols = c0 + tl.arange(0, BLOCK_N)
+    y_ptr = Y + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :] * stride_yn
+    tl.store(y_ptr, acc.to(Y.dtype.element_ty), mask=(rows < row1)[:, None] & (cols < N)[None, :])
 
 
 @triton.jit
@@ -76,27 +123,20 @@ def _grouped_gemm_kernel(
     E, N, K,
     stride_xm, stride_xk, stride_we, stride_wk, stride_wn, stride_ym, stride_yn,
     NUM_PROGRAMS: tl.constexpr, BLOCK_E: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALF_TAIL: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
-    ee, lo, hi, tiles_m, tiles, ends, total = _schedule(OFFS, E, N, BLOCK_E, BLOCK_M, BLOCK_N)
+    ee, lo, hi, tiles_m, half, tiles, ends, total = _schedule(OFFS, E, N, BLOCK_E, BLOCK_M, BLOCK_N, HALF_TAIL)
     for tile in range(pid, total, NUM_PROGRAMS):
-        e, row0, row1, tm, tn = _tile(tile, ee, lo, hi, tiles_m, tiles, ends)
-        rows = row0 + tm * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
-        rmask = rows < row1
-        cmask = cols < N
-        x_ptr = X + rows.to(tl.int64)[:, None] * stride_xm
-        w_ptr = W + e.to(tl.int64) * stride_we + cols.to(tl.int64)[None, :] * stride_wn
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + tl.arange(0, BLOCK_K)
-            kmask = kk < K
-            a = tl.load(x_ptr + kk[None, :] * stride_xk, mask=rmask[:, None] & kmask[None, :], other=0.0)
-            b = tl.load(w_ptr + kk.to(tl.int64)[:, None] * stride_wk, mask=kmask[:, None] & cmask[None, :], other=0.0)
-            acc = tl.dot(a, b, acc)
-        y_ptr = Y + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :] * stride_yn
-        tl.store(y_ptr, acc.to(Y.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+        e, row0, row1, tm, tn, is_half = _tile(tile, ee, lo, hi, tiles_m, half, tiles, ends)
+        r0 = row0 + tm * BLOCK_M
+        c0 = tn * BLOCK_N
+        if HALF_TAIL and is_half:
+            _pointer_tile(X, W, Y, e, r0, c0, row1, N, K, stride_xm, stride_xk, stride_we, stride_wk, stride_wn,
+                          stride_ym, stride_yn, BLOCK_M // 2, BLOCK_N, BLOCK_K)
+        else:
+            _pointer_tile(X, W, Y, e, r0, c0, row1, N, K, stride_xm, stride_xk, stride_we, stride_wk, stride_wn,
+                          stride_ym, stride_yn, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
@@ -106,30 +146,30 @@ def _grouped_gemm_tma_kernel(
     stride_xm, stride_we, stride_wk, stride_ym, stride_yn,
     NUM_PROGRAMS: tl.constexpr, BLOCK_E: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    STAGES: tl.constexpr, WS: tl.constexpr, FLATTEN: tl.constexpr,
+    STAGES: tl.constexpr, WS: tl.constexpr, FLATTEN: tl.constexpr, HALF_TAIL: tl.constexpr = False,
 ):
     """The same schedule, with the tiles brought in by the tensor-memory accelerator (TMA): each program
-    builds a descriptor of x [T, K] and one of w [E, K, N] on the device (no host work per launch);
-    the unit fills what lies past T, K or N with zeros, so only the store is masked (rows past the
-    expert's end belong to the next expert)."""
+    builds a descriptor of x [T, K] (blocks of BLOCK_M rows, and of BLOCK_M / 2 for half tiles) and one
+    of w [E, K, N] on the device (no host work per launch); the unit fills what lies past T, K or N with
+    zeros, so only the store is masked (rows past the expert's end belong to the next expert)."""
     pid = tl.program_id(0)
     x_desc = tl.make_tensor_descriptor(X, shape=[T, K], strides=[stride_xm, 1], block_shape=[BLOCK_M, BLOCK_K])
+    if HALF_TAIL:
+        xh_desc = tl.make_tensor_descriptor(X, shape=[T, K], strides=[stride_xm, 1],
+                                            block_shape=[BLOCK_M // 2, BLOCK_K])
     w_desc = tl.make_tensor_descriptor(W, shape=[E, K, N], strides=[stride_we, stride_wk, 1],
                                        block_shape=[1, BLOCK_K, BLOCK_N])
-    ee, lo, hi, tiles_m, tiles, ends, total = _schedule(OFFS, E, N, BLOCK_E, BLOCK_M, BLOCK_N)
+    ee, lo, hi, tiles_m, half, tiles, ends, total = _schedule(OFFS, E, N, BLOCK_E, BLOCK_M, BLOCK_N, HALF_TAIL)
     for tile in tl.range(pid, total, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WS):
-        e, row0, row1, tm, tn = _tile(tile, ee, lo, hi, tiles_m, tiles, ends)
+        e, row0, row1, tm, tn, is_half = _tile(tile, ee, lo, hi, tiles_m, half, tiles, ends)
         r0 = row0 + tm * BLOCK_M
         c0 = tn * BLOCK_N
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-            a = x_desc.load([r0, k0])
-            b = w_desc.load([e, k0, c0]).reshape(BLOCK_K, BLOCK_N)
-            acc = tl.dot(a, b, acc)
-        rows = r0 + tl.arange(0, BLOCK_M)
-        cols = c0 + tl.arange(0, BLOCK_N)
-        y_ptr = Y + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :] * stride_yn
-        tl.store(y_ptr, acc.to(Y.dtype.element_ty), mask=(rows < row1)[:, None] & (cols < N)[None, :])
+        if HALF_TAIL and is_half:
+            _tma_tile(xh_desc, w_desc, Y, e, r0, c0, row1, N, K, stride_ym, stride_yn, BLOCK_M // 2, BLOCK_N,
+                      BLOCK_K, STAGES)
+        else:
+            _tma_tile(x_desc, w_desc, Y, e, r0, c0, row1, N, K, stride_ym, stride_yn, BLOCK_M, BLOCK_N, BLOCK_K,
+                      STAGES)
 
 
 def _descriptor_memory(size: int, alignment: int, stream):
@@ -173,10 +213,12 @@ def choose_config(T: int, E: int) -> dict:
     of w in flight. Many tokens per expert make it a real matrix product: the largest tile."""
     per_expert = T / max(E, 1)
     if per_expert <= 2:
-        return dict(block_m=32, block_n=128, block_k=64, num_warps=4, num_stages=4, programs_per_sm=2)
+        return dict(block_m=32, block_n=128, block_k=64, num_warps=4, num_stages=4, programs_per_sm=2,
+                    half_tail=True)
     if per_expert <= 32:
-        return dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4, programs_per_sm=2)
-    return dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, programs_per_sm=1)
+        return dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4, programs_per_sm=2,
+                    half_tail=True)
+    return dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, programs_per_sm=1, half_tail=True)
 
 
 def tma_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -204,7 +246,8 @@ class GroupedGemm:
     def __init__(self, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
                  num_programs: int | None = None, block_m: int | None = None, block_n: int | None = None,
                  block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                 tma: bool | None = None, warp_specialize: bool = False, flatten: bool = False):
+                 tma: bool | None = None, warp_specialize: bool = False, flatten: bool = False,
+                 half_tail: bool | None = None):
         _check(x, w, offsets, out)
         T, K = x.shape
         E, _, N = w.shape
@@ -214,6 +257,11 @@ class GroupedGemm:
         block_k = block_k or cfg["block_k"]
         num_warps = num_warps or cfg["num_warps"]
         num_stages = num_stages or cfg["num_stages"]
+        if half_tail is None:  # the plan's rule, where the row tile can be halved
+            half_tail = cfg["half_tail"] and block_m >= 32 and not block_m & (block_m - 1)
+        if half_tail and (block_m < 32 or block_m & (block_m - 1)):
+            raise ValueError(f"half_tail needs block_m a power of two of at least 32 (half tiles of at least 16 "
+                             f"rows, the smallest tl.dot); got block_m={block_m}: pass half_tail=False")
         programs = num_programs or cfg["programs_per_sm"] * _sm_count(x.device)
         if programs < 1:
             raise ValueError(f"num_programs must be at least 1, got {programs}")
@@ -221,16 +269,17 @@ class GroupedGemm:
         self.tma = bool(tma is not False and K and tma_applies(x, w))
         self.grid = (programs,)
         self.config = dict(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps,
-                           num_stages=num_stages, programs=programs, tma=self.tma)
+                           num_stages=num_stages, programs=programs, tma=self.tma, half_tail=half_tail)
         self.meta = dict(NUM_PROGRAMS=programs, BLOCK_E=max(16, triton.next_power_of_2(E)), BLOCK_M=block_m,
                          BLOCK_N=block_n, BLOCK_K=block_k)
         if self.tma:
             self.kernel = _grouped_gemm_tma_kernel
-            self.meta.update(STAGES=num_stages, WS=warp_specialize, FLATTEN=flatten)
+            self.meta.update(STAGES=num_stages, WS=warp_specialize, FLATTEN=flatten, HALF_TAIL=half_tail)
             self.options = dict(num_warps=num_warps)
             self.scalars = (T, E, N, K, x.stride(0), w.stride(0), w.stride(1))
         else:
             self.kernel = _grouped_gemm_kernel
+            self.meta.update(HALF_TAIL=half_tail)
             self.options = dict(num_warps=num_warps, num_stages=num_stages)
             self.scalars = (E, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2))
         self.meta_values = tuple(self.meta.values())  # in the kernel's order of constexpr parameters
@@ -273,7 +322,8 @@ class GroupedGemm:
 def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
                  num_programs: int | None = None, block_m: int | None = None, block_n: int | None = None,
                  block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                 tma: bool | None = None, warp_specialize: bool = False, flatten: bool = False) -> torch.Tensor:
+                 tma: bool | None = None, warp_specialize: bool = False, flatten: bool = False,
+                 half_tail: bool | None = None) -> torch.Tensor:
     """y[offsets[e]:offsets[e+1]] = x[offsets[e]:offsets[e+1]] @ w[e] for every expert e, in one launch.
 
     x: [T, K] (tokens sorted by expert), w: [E, K, N], offsets: int32 [E + 1], non-decreasing, within
@@ -283,11 +333,12 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out
     tensor descriptors (Hopper's tensor-memory accelerator; None: whenever the strides allow it, i.e.
     unit stride in the last dimension and 16-byte aligned rows), else masked pointer loads (False, or
     strides TMA cannot take); ``warp_specialize`` and ``flatten`` pass to the TMA kernel's tile loop.
-    It plans on every call; for repeated calls of one shape, ``GroupedGemm`` plans once.
+    ``half_tail``: an expert whose rows past its last full row tile fit in half a tile computes that
+    last tile at half height (``row_tiles``). It plans on every call; for repeated calls of one shape, ``GroupedGemm`` plans once.
     """
     plan = GroupedGemm(x, w, offsets, out=out, num_programs=num_programs, block_m=block_m, block_n=block_n,
                        block_k=block_k, num_warps=num_warps, num_stages=num_stages, tma=tma,
-                       warp_specialize=warp_specialize, flatten=flatten)
+                       warp_specialize=warp_specialize, flatten=flatten, half_tail=half_tail)
     return plan(x, w, offsets, out=out)
 
 
@@ -303,14 +354,25 @@ def reference(x, w, offsets, dtype=torch.float32):
     return y
 
 
-def tile_schedule(Ms, N: int, block_m: int, block_n: int, workers: int) -> list[dict]:
+def row_tiles(M: int, block_m: int, half_tail: bool = False) -> list[int]:
+    """Heights of the row tiles the kernel computes for an expert of M rows: whole tiles of ``block_m``,
+    the last one of ``block_m / 2`` rows where ``half_tail`` is set and the rows left fit in it."""
+    full, rest = divmod(max(M, 0), block_m)
+    if rest == 0:
+        return [block_m] * full
+    return [block_m] * full + [block_m // 2 if half_tail and rest <= block_m // 2 else block_m]
+
+
+def tile_schedule(Ms, N: int, block_m: int, block_n: int, workers: int, half_tail: bool = False) -> list[dict]:
     """The kernel's static schedule in plain Python: one row per output tile, with its problem, tile
-    coordinates, the worker (program) that computes it and in which of that worker's rounds."""
+    coordinates, its height in rows (``row_tiles``), the worker (program) that computes it and in which
+    of that worker's rounds."""
     rows, tile = [], 0
     for p, M in enumerate(Ms):
-        tm_count, tn_count = -(-M // block_m), -(-N // block_n)
+        heights = row_tiles(M, block_m, half_tail)
+        tm_count, tn_count = len(heights), -(-N // block_n)
         for t in range(tm_count * tn_count):
             rows.append({"tile": tile, "problem": p, "tm": t % tm_count, "tn": t // tm_count,
-                         "worker": tile % workers, "round": tile // workers})
+                         "rows": heights[t % tm_count], "worker": tile % workers, "round": tile // workers})
             tile += 1
     return rows
