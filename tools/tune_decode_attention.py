@@ -458,6 +458,45 @@ def sweep_mqa(out_path, budget_s=420.0):
         torch.cuda.empty_cache()
 
 
+def sweep_short(out_path, budget_s=100.0):
+    """Short MQA contexts (32 query heads per KV head, 512 and 2048 tokens), where the kernel is furthest
+    from SDPA: tiles up to the whole context (128 to 512 tokens), 4 or 8 warps, pipeline depth 1 to 3,
+    blocks of 16 or 32 heads, V requested with K or after the scores, one or two splits; page 16. Then
+    SDPA, the default launch and the best three in three interleaved rounds; ``budget_s`` of search per
+    shape. Rows are written after every shape."""
+    import time
+    dev = "cuda"
+    gen = torch.Generator(device=dev).manual_seed(0)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    rows = []
+
+    def t_of(fns, reps=5):
+        return timing.bench(fns, device=dev, reps=reps, target_ms=0.3).gpu_us.median
+
+    for B, L in [(64, 512), (64, 2048)]:
+        t0 = time.perf_counter()
+        data = [make(B, 32, 1, L, 128, 16, dev, gen) for _ in range(timing.rotation(2 * B * L * 128 * 2, l2))]
+        ref = da.reference(data[0][0][:2], *data[0][3:6], data[0][6][:2])
+        sdpa = [lambda d=d: F.scaled_dot_product_attention(d[0].unsqueeze(2), d[1], d[2], enable_gqa=True) for d in data]
+        plan_default, default = _checked_plan(data, ref, "paged", {})
+        found = []
+        for bn, nw, ns, hb, early, splits in itertools.product([512, 256, 128], [4, 8], [1, 2, 3], [16, 32],
+                                                               [False, True], [1, 2]):
+            if splits * bn > L or (bn < L // 2 and ns == 1):
+                continue
+            if time.perf_counter() - t0 > budget_s:
+                break
+            kw = dict(head_block=hb, block_n=bn, num_warps=nw, num_stages=ns, v_early=early, num_splits=splits)
+            try:
+                found.append((t_of(_checked_plan(data, ref, "paged", kw)[1]), kw))
+            except Exception as e:  # a launch the compiler rejects (shared memory, registers)
+                print("failed", (B, L), kw, type(e).__name__, str(e)[:80], flush=True)
+        rows.append(dict(B=B, L=L, H_kv=1, **_best_three(found, sdpa, default, plan_default, data, ref, t_of, (B, L, 1))))
+        _write(rows, out_path)
+        del data
+        torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -471,7 +510,7 @@ def main():
     ap.add_argument("--warps", action="store_true", help="warps per program with small tiles, against SDPA")
     ap.add_argument("--mqa", action="store_true", help="tile, warps and splits for 32 query heads per KV head")
     args = ap.parse_args()
-    sweeps = {"mqa": sweep_mqa, "warps": sweep_warps, "per_page": sweep_per_page, "heads": sweep_heads,
+    sweeps = {"short": sweep_short, "mqa": sweep_mqa, "warps": sweep_warps, "per_page": sweep_per_page, "heads": sweep_heads,
               "long_mqa": sweep_long_mqa, "pipeline": sweep_pipeline, "splits": sweep_splits, "pages": sweep_pages}
     for flag, sweep in sweeps.items():
         if getattr(args, flag):
