@@ -509,6 +509,7 @@ def main():
     ap.add_argument("--per-page", action="store_true", help="one block-table entry per page against one per token")
     ap.add_argument("--warps", action="store_true", help="warps per program with small tiles, against SDPA")
     ap.add_argument("--mqa", action="store_true", help="tile, warps and splits for 32 query heads per KV head")
+    ap.add_argument("--short", action="store_true", help="whole-context tiles and pipeline depth at short MQA contexts")
     args = ap.parse_args()
     sweeps = {"short": sweep_short, "mqa": sweep_mqa, "warps": sweep_warps, "per_page": sweep_per_page, "heads": sweep_heads,
               "long_mqa": sweep_long_mqa, "pipeline": sweep_pipeline, "splits": sweep_splits, "pages": sweep_pages}
