@@ -1,6 +1,6 @@
 """Check and time grouped-GEMM paths for MoE shapes on a GPU; prints one table.
 
-    python tools/bench_grouped_gemm.py [--out rows.json] [--tiles | --tma | --mid]
+    python tools/bench_grouped_gemm.py [--out rows.json] [--tiles | --tma | --mid | --tall]
 
 For each shape (E experts, K, N), token count and routing: correctness of the lib kernel in bf16 against
 a float32 reference, then GPU time (CUDA-graph replay) and call time (eager) of an eager loop of
@@ -192,13 +192,73 @@ def sweep_tiles(out_path, tma):
         torch.cuda.empty_cache()
 
 
+def sweep_tall(out_path):
+    """Chapter 4's own cases with at least 32 tokens per expert (their token counts read from its results):
+    row tiles of 256, 128 x 128 or 128 x 256 with four stages, and 64 x 128 with two programs per SM,
+    against the tile rule; each case's
+    fastest against the rule again in interleaved pairs (lib.compare). Rows are written after every case."""
+    from lib import compare
+
+    dev = "cuda"
+    res = json.loads((Path(__file__).resolve().parent.parent / "results/nvidia-h200/04-grouped-gemm.json").read_text())
+    cases = [p for p in res["data"]["points"] if p["path"] == "lib" and p["T"] / p["E"] >= 32]
+    sms = gg._sm_count(torch.device(dev))
+    configs = {
+        "rule": {},
+        "64x128 w4 s4 x2": dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4, num_programs=2 * sms),
+        "256x128 w8 s3": dict(block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=3),
+        "256x128 w8 s4": dict(block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=4),
+        "256x64 w4 s4": dict(block_m=256, block_n=64, block_k=64, num_warps=4, num_stages=4),
+        "256x64 w8 s4": dict(block_m=256, block_n=64, block_k=64, num_warps=8, num_stages=4),
+        "128x128 w8 s4": dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4),
+        "128x256 w8 s4": dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4),
+    }
+    torch.manual_seed(0)
+    rows, ws = [], {}
+    for c in cases:
+        E, K, N, T, routing, counts = c["E"], c["K"], c["N"], c["T"], c["routing"], c["counts"]
+        if (E, K, N) not in ws:
+            ws.clear()
+            torch.cuda.empty_cache()
+            ws[(E, K, N)] = torch.randn(E, K, N, device=dev, dtype=torch.bfloat16)
+        w = ws[(E, K, N)]
+        offs = [0] + torch.tensor(counts).cumsum(0).tolist()
+        offsets = torch.tensor(offs, dtype=torch.int32, device=dev)
+        x = torch.randn(T, K, device=dev, dtype=torch.bfloat16)
+        nonempty = [e for e in range(E) if counts[e]]
+        fns, times = {}, {}
+        for name, kw in configs.items():
+            out = torch.zeros(T, N, device=dev, dtype=torch.bfloat16)
+            plan = gg.GroupedGemm(x, w, offsets, out=out, **kw)
+            plan(x, w, offsets, out=out)
+            for e in nonempty[:3] + nonempty[-2:]:  # checked before timed
+                ref = x[offs[e]:offs[e + 1]].float() @ w[e].float()
+                err = float((out[offs[e]:offs[e + 1]].float() - ref).norm() / ref.norm())
+                assert err < 2e-2, (E, T, routing, name, e, err)
+            fns[name] = lambda plan=plan, out=out, x=x, w=w, o=offsets: plan(x, w, o, out=out)
+            times[name] = timing.bench([fns[name]], device=dev, reps=5, target_ms=0.5).gpu_us.median
+        best = min((n for n in times if n != "rule"), key=times.get)
+        pr = compare.paired(fns["rule"], fns[best], device=dev, pairs=11, target_ms=0.5)
+        rows.append({"E": E, "T": T, "routing": routing, "gpu_us": times, "best": best,
+                     "best_over_rule_pairs": pr.to_dict()})
+        print(f"E={E:3d} T={T:5d} {routing:7s} " + " ".join(f"{n}:{t:.1f}" for n, t in times.items())
+              + f" | {best} / rule {pr.ratio.median:.3f} [{pr.ratio.q1:.3f}-{pr.ratio.q3:.3f}]", flush=True)
+        if out_path:
+            tmp = Path(str(out_path) + ".tmp")
+            tmp.write_text(json.dumps(rows, indent=1))
+            tmp.replace(out_path)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--tiles", action="store_true", help="the lib kernel's tiles with pointer loads")
     ap.add_argument("--tma", action="store_true", help="the lib kernel with TMA loads, against its tile rule")
     ap.add_argument("--mid", action="store_true", help="TMA tiles for 32 to 256 tokens per expert")
+    ap.add_argument("--tall", action="store_true", help="row tiles of 256 and four stages on chapter 4's cases")
     args = ap.parse_args()
+    if args.tall:
+        return sweep_tall(args.out)
     if args.tiles or args.tma or args.mid:
         return sweep_tiles(args.out, tma="mid" if args.mid else args.tma)
     dev = "cuda"
