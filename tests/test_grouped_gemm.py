@@ -99,6 +99,32 @@ def test_half_tail_tiles(tma):
         gg.GroupedGemm(x, w, offsets, block_m=24, half_tail=True)
 
 
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("order", ["interleave", "heavy_first"])
+def test_tile_orders(order, tma):
+    """Heavy experts (more than one row tile) and light ones, empties between: every order computes every
+    tile once (zeroed output, guard regions), and the plain-Python schedule takes each tile once, the
+    interleaved one spreading the heavy tiles evenly."""
+    gen = torch.Generator().manual_seed(12)
+    Ms, K, N = [3 * BM + 1, 1, 0, BM, 2 * BM, 0, 5, BM + 1, 0], 2 * BK + 1, 2 * BN + 3
+    pad = dict(pad_k=(-K) % 8 + 8, pad_n=(-N) % 8 + 8) if tma else dict(pad_k=3, pad_n=5)
+    x, w, offsets = case(Ms, K, N, torch.float32, gen, **pad)
+    out = run_guarded(x, w, offsets, num_programs=3, order=order, tma=tma)
+    assert rel_err(out, gg.reference(x, w, offsets)) < 1e-5
+    rows = gg.tile_schedule(Ms, N, BM, BN, workers=3, order=order)
+    base = gg.tile_schedule(Ms, N, BM, BN, workers=3)
+    assert sorted(r["tile"] for r in rows) == [r["tile"] for r in base] == list(range(len(base)))
+    heavy = [-(-Ms[r["problem"]] // BM) > 1 for r in rows]
+    H, total = sum(heavy), len(rows)
+    assert 0 < H < total
+    if order == "heavy_first":
+        assert heavy == [True] * H + [False] * (total - H)
+    else:  # every prefix holds its share of heavy tiles, to within one
+        assert all(abs(sum(heavy[:i]) - i * H / total) < 1 for i in range(total + 1))
+    with pytest.raises(ValueError, match="order must be one of"):
+        gg.GroupedGemm(x, w, offsets, order="random")
+
+
 def test_planned_launch():
     """GroupedGemm plans once: new token counts reuse the plan; other shapes are refused, bad offsets too."""
     gen = torch.Generator().manual_seed(6)

@@ -1,6 +1,6 @@
 """Check and time grouped-GEMM paths for MoE shapes on a GPU; prints one table.
 
-    python tools/bench_grouped_gemm.py [--out rows.json] [--tiles | --tma | --mid | --tall]
+    python tools/bench_grouped_gemm.py [--out rows.json] [--tiles | --tma | --mid | --tall | --order]
 
 For each shape (E experts, K, N), token count and routing: correctness of the lib kernel in bf16 against
 a float32 reference, then GPU time (CUDA-graph replay) and call time (eager) of an eager loop of
@@ -192,27 +192,16 @@ def sweep_tiles(out_path, tma):
         torch.cuda.empty_cache()
 
 
-def sweep_tall(out_path):
-    """Chapter 4's own cases with at least 32 tokens per expert (their token counts read from its results):
-    row tiles of 256, 128 x 128 or 128 x 256 with four stages, and 64 x 128 with two programs per SM,
-    against the tile rule; each case's
-    fastest against the rule again in interleaved pairs (lib.compare). Rows are written after every case."""
+def sweep_cases(out_path, configs, keep, pair_all=False):
+    """Chapter 4's own cases (their token counts read from its results) that ``keep`` accepts, the lib
+    kernel over ``configs`` (GroupedGemm keywords; "rule" is its defaults), each checked on some experts
+    before it is timed; then in interleaved pairs (lib.compare) against the rule: each case's fastest, or
+    with ``pair_all`` every configuration. Rows are written after every case."""
     from lib import compare
 
     dev = "cuda"
     res = json.loads((Path(__file__).resolve().parent.parent / "results/nvidia-h200/04-grouped-gemm.json").read_text())
-    cases = [p for p in res["data"]["points"] if p["path"] == "lib" and p["T"] / p["E"] >= 32]
-    sms = gg._sm_count(torch.device(dev))
-    configs = {
-        "rule": {},
-        "64x128 w4 s4 x2": dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4, num_programs=2 * sms),
-        "256x128 w8 s3": dict(block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=3),
-        "256x128 w8 s4": dict(block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=4),
-        "256x64 w4 s4": dict(block_m=256, block_n=64, block_k=64, num_warps=4, num_stages=4),
-        "256x64 w8 s4": dict(block_m=256, block_n=64, block_k=64, num_warps=8, num_stages=4),
-        "128x128 w8 s4": dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4),
-        "128x256 w8 s4": dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4),
-    }
+    cases = [p for p in res["data"]["points"] if p["path"] == "lib" and keep(p)]
     torch.manual_seed(0)
     rows, ws = [], {}
     for c in cases:
@@ -238,15 +227,42 @@ def sweep_tall(out_path):
             fns[name] = lambda plan=plan, out=out, x=x, w=w, o=offsets: plan(x, w, o, out=out)
             times[name] = timing.bench([fns[name]], device=dev, reps=5, target_ms=0.5).gpu_us.median
         best = min((n for n in times if n != "rule"), key=times.get)
-        pr = compare.paired(fns["rule"], fns[best], device=dev, pairs=11, target_ms=0.5)
+        paired = [n for n in times if n != "rule"] if pair_all else [best]
+        pairs = {n: compare.paired(fns["rule"], fns[n], device=dev, pairs=11, target_ms=0.5).to_dict() for n in paired}
         rows.append({"E": E, "T": T, "routing": routing, "gpu_us": times, "best": best,
-                     "best_over_rule_pairs": pr.to_dict()})
-        print(f"E={E:3d} T={T:5d} {routing:7s} " + " ".join(f"{n}:{t:.1f}" for n, t in times.items())
-              + f" | {best} / rule {pr.ratio.median:.3f} [{pr.ratio.q1:.3f}-{pr.ratio.q3:.3f}]", flush=True)
+                     "over_rule_pairs": pairs})
+        print(f"E={E:3d} T={T:5d} {routing:7s} " + " ".join(f"{n}:{t:.1f}" for n, t in times.items()) + " | "
+              + " ".join(f"{n} / rule {d['ratio']['median']:.3f} [{d['ratio']['q1']:.3f}-{d['ratio']['q3']:.3f}]"
+                         for n, d in pairs.items()), flush=True)
         if out_path:
             tmp = Path(str(out_path) + ".tmp")
             tmp.write_text(json.dumps(rows, indent=1))
             tmp.replace(out_path)
+
+
+def sweep_tall(out_path):
+    """Cases with at least 32 tokens per expert: row tiles of 256, 128 x 128 or 128 x 256 with four stages,
+    and 64 x 128 with two programs per SM, against the tile rule."""
+    sms = gg._sm_count(torch.device("cuda"))
+    configs = {
+        "rule": {},
+        "64x128 w4 s4 x2": dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4, num_programs=2 * sms),
+        "256x128 w8 s3": dict(block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=3),
+        "256x128 w8 s4": dict(block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=4),
+        "256x64 w4 s4": dict(block_m=256, block_n=64, block_k=64, num_warps=4, num_stages=4),
+        "256x64 w8 s4": dict(block_m=256, block_n=64, block_k=64, num_warps=8, num_stages=4),
+        "128x128 w8 s4": dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4),
+        "128x256 w8 s4": dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4),
+    }
+    sweep_cases(out_path, configs, lambda p: p["T"] / p["E"] >= 32)
+
+
+def sweep_order(out_path):
+    """Every case: the tile orders of the schedule (``tile_schedule``), alone and with half-height last
+    tiles, each against the rule in pairs."""
+    configs = {"rule": {}, "interleave": dict(order="interleave"), "heavy first": dict(order="heavy_first"),
+               "interleave, half tails": dict(order="interleave", half_tail=True)}
+    sweep_cases(out_path, configs, lambda p: True, pair_all=True)
 
 
 def main():
@@ -256,9 +272,12 @@ def main():
     ap.add_argument("--tma", action="store_true", help="the lib kernel with TMA loads, against its tile rule")
     ap.add_argument("--mid", action="store_true", help="TMA tiles for 32 to 256 tokens per expert")
     ap.add_argument("--tall", action="store_true", help="row tiles of 256 and four stages on chapter 4's cases")
+    ap.add_argument("--order", action="store_true", help="the schedule's tile orders on chapter 4's cases")
     args = ap.parse_args()
     if args.tall:
         return sweep_tall(args.out)
+    if args.order:
+        return sweep_order(args.out)
     if args.tiles or args.tma or args.mid:
         return sweep_tiles(args.out, tma="mid" if args.mid else args.tma)
     dev = "cuda"

@@ -38,6 +38,8 @@ import triton.language as tl
 from triton.runtime import _allocation
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# orders of the tiles in the schedule (tile_schedule), as the kernels' ORDER
+ORDERS = {"experts": 0, "interleave": 1, "heavy_first": 2}
 
 
 @triton.jit
@@ -45,7 +47,8 @@ def _schedule(OFFS, E, N, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N:
               HALF_TAIL: tl.constexpr):
     """Every expert's tile count and where its tiles end, from the offsets alone (in registers).
     HALF_TAIL: an expert whose rows past its last full row tile fit in half a tile gets a half-height
-    last tile (``half``)."""
+    last tile (``half``). ``tiles_h`` and ``ends_h``: the same counts for the heavy experts only (more
+    than one row tile), the light ones counting none (``ORDER``)."""
     ee = tl.arange(0, BLOCK_E)
     emask = ee < E
     lo = tl.load(OFFS + ee, mask=emask, other=0)
@@ -57,10 +60,38 @@ def _schedule(OFFS, E, N, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N:
     else:
         half = count < 0
     tiles = tiles_m * ((N + BLOCK_N - 1) // BLOCK_N)
+    tiles_h = tl.where(tiles_m > 1, tiles, 0)
     ends = tl.cumsum(tiles, 0)  # inclusive: the first tile id after expert e
+    ends_h = tl.cumsum(tiles_h, 0)
     total = tl.sum(tiles, 0)
     ends = tl.where(emask, ends, total + 1)  # padding never counts as a finished expert
-    return ee, lo, hi, tiles_m, half.to(tl.int32), tiles, ends, total
+    ends_h = tl.where(emask, ends_h, total + 1)
+    return ee, lo, hi, tiles_m, half.to(tl.int32), tiles, ends, tiles_h, ends_h, total
+
+
+@triton.jit
+def _order(i, tiles, ends, tiles_h, ends_h, total, ORDER: tl.constexpr):
+    """The tile computed at position i of the schedule: its index j in a list of tiles and that list's
+    per-expert counts and ends. ORDER 0: one list, expert after expert. ORDER 1 (interleave): the heavy
+    experts' tiles (more than one row tile) and the light ones' are two lists, each expert after expert,
+    merged evenly (position i is heavy when floor((i+1) H / total) > floor(i H / total), H heavy tiles), so
+    that every stretch of the schedule mixes the products that compute with those that stream weights.
+    ORDER 2: the heavy list, then the light one."""
+    if ORDER == 0:
+        return i, tiles, ends
+    heavy_total = tl.sum(tiles_h, 0)
+    if ORDER == 1:
+        heavy64 = heavy_total.to(tl.int64)  # products past 2^31 for schedules of many tiles
+        before = (heavy64 * i // total).to(tl.int32)  # heavy positions before i
+        is_heavy = heavy64 * (i + 1) // total > before
+        j = tl.where(is_heavy, before, i - before)
+    else:
+        is_heavy = i < heavy_total
+        j = tl.where(is_heavy, i, i - heavy_total)
+    tiles_l = tiles - tiles_h
+    ends_l = ends - ends_h
+    ends_l = tl.where(ends <= total, ends_l, total + 1)
+    return j, tl.where(is_heavy, tiles_h, tiles_l), tl.where(is_heavy, ends_h, ends_l)
 
 
 @triton.jit
@@ -124,11 +155,14 @@ def _grouped_gemm_kernel(
     stride_xm, stride_xk, stride_we, stride_wk, stride_wn, stride_ym, stride_yn,
     NUM_PROGRAMS: tl.constexpr, BLOCK_E: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALF_TAIL: tl.constexpr = False,
+    ORDER: tl.constexpr = 0,
 ):
     pid = tl.program_id(0)
-    ee, lo, hi, tiles_m, half, tiles, ends, total = _schedule(OFFS, E, N, BLOCK_E, BLOCK_M, BLOCK_N, HALF_TAIL)
-    for tile in range(pid, total, NUM_PROGRAMS):
-        e, row0, row1, tm, tn, is_half = _tile(tile, ee, lo, hi, tiles_m, half, tiles, ends)
+    ee, lo, hi, tiles_m, half, tiles, ends, tiles_h, ends_h, total = _schedule(OFFS, E, N, BLOCK_E, BLOCK_M, BLOCK_N,
+                                                                               HALF_TAIL)
+    for i in range(pid, total, NUM_PROGRAMS):
+        tile, tiles_o, ends_o = _order(i, tiles, ends, tiles_h, ends_h, total, ORDER)
+        e, row0, row1, tm, tn, is_half = _tile(tile, ee, lo, hi, tiles_m, half, tiles_o, ends_o)
         r0 = row0 + tm * BLOCK_M
         c0 = tn * BLOCK_N
         if HALF_TAIL and is_half:
@@ -147,6 +181,7 @@ def _grouped_gemm_tma_kernel(
     NUM_PROGRAMS: tl.constexpr, BLOCK_E: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     STAGES: tl.constexpr, WS: tl.constexpr, FLATTEN: tl.constexpr, HALF_TAIL: tl.constexpr = False,
+    ORDER: tl.constexpr = 0,
 ):
     """The same schedule, with the tiles brought in by the tensor-memory accelerator (TMA): each program
     builds a descriptor of x [T, K] (blocks of BLOCK_M rows, and of BLOCK_M / 2 for half tiles) and one
@@ -159,9 +194,11 @@ def _grouped_gemm_tma_kernel(
                                             block_shape=[BLOCK_M // 2, BLOCK_K])
     w_desc = tl.make_tensor_descriptor(W, shape=[E, K, N], strides=[stride_we, stride_wk, 1],
                                        block_shape=[1, BLOCK_K, BLOCK_N])
-    ee, lo, hi, tiles_m, half, tiles, ends, total = _schedule(OFFS, E, N, BLOCK_E, BLOCK_M, BLOCK_N, HALF_TAIL)
-    for tile in tl.range(pid, total, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WS):
-        e, row0, row1, tm, tn, is_half = _tile(tile, ee, lo, hi, tiles_m, half, tiles, ends)
+    ee, lo, hi, tiles_m, half, tiles, ends, tiles_h, ends_h, total = _schedule(OFFS, E, N, BLOCK_E, BLOCK_M, BLOCK_N,
+                                                                               HALF_TAIL)
+    for i in tl.range(pid, total, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WS):
+        tile, tiles_o, ends_o = _order(i, tiles, ends, tiles_h, ends_h, total, ORDER)
+        e, row0, row1, tm, tn, is_half = _tile(tile, ee, lo, hi, tiles_m, half, tiles_o, ends_o)
         r0 = row0 + tm * BLOCK_M
         c0 = tn * BLOCK_N
         if HALF_TAIL and is_half:
@@ -218,11 +255,12 @@ def choose_config(T: int, E: int) -> dict:
     per_expert = T / max(E, 1)
     if per_expert <= 2:
         return dict(block_m=32, block_n=128, block_k=64, num_warps=4, num_stages=4, programs_per_sm=2,
-                    half_tail=False)
+                    half_tail=False, order="experts")
     if per_expert < 32:
         return dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4, programs_per_sm=2,
-                    half_tail=False)
-    return dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, programs_per_sm=1, half_tail=False)
+                    half_tail=False, order="experts")
+    return dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, programs_per_sm=1, half_tail=False,
+                order="experts")
 
 
 def tma_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -251,7 +289,7 @@ class GroupedGemm:
                  num_programs: int | None = None, block_m: int | None = None, block_n: int | None = None,
                  block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                  tma: bool | None = None, warp_specialize: bool = False, flatten: bool = False,
-                 half_tail: bool | None = None):
+                 half_tail: bool | None = None, order: str | None = None):
         _check(x, w, offsets, out)
         T, K = x.shape
         E, _, N = w.shape
@@ -266,6 +304,9 @@ class GroupedGemm:
         if half_tail and (block_m < 32 or block_m & (block_m - 1)):
             raise ValueError(f"half_tail needs block_m a power of two of at least 32 (half tiles of at least 16 "
                              f"rows, the smallest tl.dot); got block_m={block_m}: pass half_tail=False")
+        order = cfg["order"] if order is None else order
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {tuple(ORDERS)} (see tile_schedule), got {order!r}")
         programs = num_programs or cfg["programs_per_sm"] * _sm_count(x.device)
         if programs < 1:
             raise ValueError(f"num_programs must be at least 1, got {programs}")
@@ -273,17 +314,18 @@ class GroupedGemm:
         self.tma = bool(tma is not False and K and tma_applies(x, w))
         self.grid = (programs,)
         self.config = dict(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps,
-                           num_stages=num_stages, programs=programs, tma=self.tma, half_tail=half_tail)
+                           num_stages=num_stages, programs=programs, tma=self.tma, half_tail=half_tail, order=order)
         self.meta = dict(NUM_PROGRAMS=programs, BLOCK_E=max(16, triton.next_power_of_2(E)), BLOCK_M=block_m,
                          BLOCK_N=block_n, BLOCK_K=block_k)
         if self.tma:
             self.kernel = _grouped_gemm_tma_kernel
-            self.meta.update(STAGES=num_stages, WS=warp_specialize, FLATTEN=flatten, HALF_TAIL=half_tail)
+            self.meta.update(STAGES=num_stages, WS=warp_specialize, FLATTEN=flatten, HALF_TAIL=half_tail,
+                             ORDER=ORDERS[order])
             self.options = dict(num_warps=num_warps)
             self.scalars = (T, E, N, K, x.stride(0), w.stride(0), w.stride(1))
         else:
             self.kernel = _grouped_gemm_kernel
-            self.meta.update(HALF_TAIL=half_tail)
+            self.meta.update(HALF_TAIL=half_tail, ORDER=ORDERS[order])
             self.options = dict(num_warps=num_warps, num_stages=num_stages)
             self.scalars = (E, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2))
         self.meta_values = tuple(self.meta.values())  # in the kernel's order of constexpr parameters
@@ -327,7 +369,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out
                  num_programs: int | None = None, block_m: int | None = None, block_n: int | None = None,
                  block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                  tma: bool | None = None, warp_specialize: bool = False, flatten: bool = False,
-                 half_tail: bool | None = None) -> torch.Tensor:
+                 half_tail: bool | None = None, order: str | None = None) -> torch.Tensor:
     """y[offsets[e]:offsets[e+1]] = x[offsets[e]:offsets[e+1]] @ w[e] for every expert e, in one launch.
 
     x: [T, K] (tokens sorted by expert), w: [E, K, N], offsets: int32 [E + 1], non-decreasing, within
@@ -338,11 +380,12 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out
     unit stride in the last dimension and 16-byte aligned rows), else masked pointer loads (False, or
     strides TMA cannot take); ``warp_specialize`` and ``flatten`` pass to the TMA kernel's tile loop.
     ``half_tail``: an expert whose rows past its last full row tile fit in half a tile computes that
-    last tile at half height (``row_tiles``). It plans on every call; for repeated calls of one shape, ``GroupedGemm`` plans once.
+    last tile at half height (``row_tiles``). ``order``: the order of the tiles in the schedule
+    (``tile_schedule``). It plans on every call; for repeated calls of one shape, ``GroupedGemm`` plans once.
     """
     plan = GroupedGemm(x, w, offsets, out=out, num_programs=num_programs, block_m=block_m, block_n=block_n,
                        block_k=block_k, num_warps=num_warps, num_stages=num_stages, tma=tma,
-                       warp_specialize=warp_specialize, flatten=flatten, half_tail=half_tail)
+                       warp_specialize=warp_specialize, flatten=flatten, half_tail=half_tail, order=order)
     return plan(x, w, offsets, out=out)
 
 
@@ -367,16 +410,35 @@ def row_tiles(M: int, block_m: int, half_tail: bool = False) -> list[int]:
     return [block_m] * full + [block_m // 2 if half_tail and rest <= block_m // 2 else block_m]
 
 
-def tile_schedule(Ms, N: int, block_m: int, block_n: int, workers: int, half_tail: bool = False) -> list[dict]:
-    """The kernel's static schedule in plain Python: one row per output tile, with its problem, tile
-    coordinates, its height in rows (``row_tiles``), the worker (program) that computes it and in which
-    of that worker's rounds."""
-    rows, tile = [], 0
+def tile_schedule(Ms, N: int, block_m: int, block_n: int, workers: int, half_tail: bool = False,
+                  order: str = "experts") -> list[dict]:
+    """The kernel's static schedule in plain Python: one row per output tile, in the order the workers
+    take them (worker = position % workers), with its problem, tile coordinates, its height in rows
+    (``row_tiles``), the worker (program) that computes it and in which of that worker's rounds.
+
+    ``order``: ``"experts"``, problem after problem (within one, rows fastest); ``"interleave"``, the
+    heavy problems' tiles (more than one row tile) and the light ones', each list in problem order,
+    merged evenly, position i taking a heavy tile when floor((i + 1) H / total) > floor(i H / total) for
+    H heavy tiles; ``"heavy_first"``, the heavy list, then the light one."""
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {tuple(ORDERS)}, got {order!r}")
+    lists = ([], [])  # light, heavy
+    tile = 0
     for p, M in enumerate(Ms):
         heights = row_tiles(M, block_m, half_tail)
         tm_count, tn_count = len(heights), -(-N // block_n)
         for t in range(tm_count * tn_count):
-            rows.append({"tile": tile, "problem": p, "tm": t % tm_count, "tn": t // tm_count,
-                         "rows": heights[t % tm_count], "worker": tile % workers, "round": tile // workers})
+            lists[-(-M // block_m) > 1].append({"tile": tile, "problem": p, "tm": t % tm_count, "tn": t // tm_count,
+                                                "rows": heights[t % tm_count]})
             tile += 1
-    return rows
+    light, heavy = lists
+    if order == "experts":
+        seq = sorted(light + heavy, key=lambda r: r["tile"])
+    elif order == "heavy_first":
+        seq = heavy + light
+    else:
+        H, seq = len(heavy), []
+        for i in range(tile):
+            before = i * H // tile
+            seq.append(heavy[before] if (i + 1) * H // tile > before else light[i - before])
+    return [{**r, "worker": i % workers, "round": i // workers} for i, r in enumerate(seq)]
