@@ -13,11 +13,13 @@ A notebook creates a ``Run`` from its papermill parameters and calls ``run.measu
   a visible warning, and ``stale_results`` (``make check-fresh``) lists it.
 
 The fingerprint covers the notebook's code cells tagged ``measure`` and the lib modules the
-notebook names as its measuring code. Chapters: all (DESIGN of the book; chapter 0 introduces it).
+notebook names as its measuring code; in the modules, only code counts, not docstrings or comment
+lines (``SCHEME``). Chapters: all (DESIGN of the book; chapter 0 introduces it).
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -93,16 +95,42 @@ def _measure_cells(nb_path: Path) -> str:
     return "\n# ---- next measure cell ----\n".join(cells)
 
 
-def _source_text(source: str, root: Path) -> str:
+# how sources are read before hashing: "text", the whole text (results measured before schemes had
+# names); "code", Python files without their docstrings, comment lines and blank lines, so that editing
+# documentation does not mark results stale (notebook cells stay whole text)
+SCHEME = "code"
+
+
+def _code_only(text: str) -> str:
+    """A Python file's lines less its docstrings (found by ``ast``), full-line comments and blank lines,
+    each stripped of trailing spaces: what runs, in the same order. Text that does not parse stays whole."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return text
+    drop = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body \
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            drop.update(range(body[0].lineno, body[0].end_lineno + 1))
+    lines = [ln.rstrip() for i, ln in enumerate(text.splitlines(), 1) if i not in drop]
+    return "\n".join(ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#"))
+
+
+def _source_text(source: str, root: Path, scheme: str = "text") -> str:
     if source.endswith("#" + MEASURE_TAG):
         return _measure_cells(root / source[: -len(MEASURE_TAG) - 1])
-    return (root / source).read_text()
+    text = (root / source).read_text()
+    return _code_only(text) if scheme == "code" and source.endswith(".py") else text
 
 
 def fingerprint(sources: Iterable[str], root: Path = ROOT) -> dict:
-    """Hashes of each source (``notebooks/X.ipynb#measure`` or a file path), and of all together."""
-    each = {s: _sha(_source_text(s, root)) for s in sources}
-    return {"fingerprint": _sha(json.dumps(each, sort_keys=True)), "sources": each}
+    """Hashes of each source (``notebooks/X.ipynb#measure`` or a file path), read as ``SCHEME`` says, and
+    of all together."""
+    each = {s: _sha(_source_text(s, root, SCHEME)) for s in sources}
+    return {"fingerprint": _sha(json.dumps(each, sort_keys=True)), "sources": each, "scheme": SCHEME}
 
 
 def code_sources(notebook: str, code: Iterable[ModuleType | str] = (), root: Path = ROOT) -> list[str]:
@@ -120,9 +148,12 @@ def code_sources(notebook: str, code: Iterable[ModuleType | str] = (), root: Pat
 def stale_reasons(record: dict, root: Path = ROOT) -> list[str]:
     """Which of a record's code sources changed (or vanished) since it was measured."""
     reasons = []
+    scheme = record["code"].get("scheme", "text")
+    if scheme not in ("text", "code"):
+        return [f"its fingerprint scheme {scheme!r} is unknown to this checkout (older than the results)"]
     for source, digest in record["code"]["sources"].items():
         try:
-            now = _sha(_source_text(source, root))
+            now = _sha(_source_text(source, root, scheme))
         except (OSError, ValueError, KeyError, json.JSONDecodeError):
             reasons.append(f"{source} is gone or unreadable")
             continue

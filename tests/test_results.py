@@ -101,6 +101,24 @@ def test_changed_experiment_is_reported_stale(repo, capsys):
     assert "lib_fake/helper.py is gone or unreadable" in results.stale_reasons(results.read(path), repo)
 
 
+def test_documentation_edits_leave_results_fresh(repo):
+    """Docstrings, comment lines and blank lines of a lib module do not count; code does, and so does every
+    character of a record fingerprinted before schemes had names ("text")."""
+    run(repo, "measure").measure_or_replay({"n": 21}, measure_n)
+    path = repo / "results" / "cpu" / "exp.json"
+    rec = results.read(path)
+    assert rec["code"]["scheme"] == results.SCHEME == "code"
+    helper = repo / "lib_fake" / "helper.py"
+    code = helper.read_text()
+    helper.write_text('"""A module docstring,\nover two lines."""\n\n# a comment\n' + code.replace("\n", "\n\n", 1))
+    assert results.stale_reasons(rec, repo) == []
+    old = dict(rec, code={"fingerprint": "", "sources": {"lib_fake/helper.py": results._sha(code)}})  # no scheme
+    assert results.stale_reasons(old, repo) == ["lib_fake/helper.py changed"]
+    helper.write_text(code + "\nEXTRA = 1\n")
+    assert results.stale_reasons(rec, repo) == ["lib_fake/helper.py changed"]
+    assert "unknown to this checkout" in results.stale_reasons(dict(rec, code={**rec["code"], "scheme": "v9"}), repo)[0]
+
+
 def test_check_fresh_command_lists_stale_results(repo):
     run(repo, "measure").measure_or_replay({"n": 1}, measure_n)
     rec = results.read(repo / "results" / "cpu" / "exp.json")
