@@ -16,6 +16,9 @@ schedules them by output tile, statically (chapter 4 explains it):
   registers), so the token counts never travel to the host: one launch, no synchronization;
 - within an expert, consecutive tile ids walk down the rows of one column block of w[e], so programs
   running side by side share the same weight tile in the L2;
+- ``order`` can reorder the tile ids: the tiles of heavy experts (more than one row tile), which
+  compute, interleaved with those of light ones, which stream weights, or taken first
+  (``tile_schedule``). On the H200 neither beat the plain order (chapter 4), which stays the default;
 - tiles are loaded by the tensor-memory accelerator (TMA) through descriptors of x [T, K] and
   w [E, K, N], which fill what lies past T, K or N with zeros; only the store is masked on the
   expert's rows. Where strides rule TMA out, every load and store is masked on M, N and K instead:
