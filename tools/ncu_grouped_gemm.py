@@ -64,8 +64,9 @@ def run(manifest: Path) -> None:
             launches.append({"case": case, "path": "lib"})
         e = next(i for i, c in enumerate(counts) if c)  # checked on the CPU: no GPU product to profile by mistake
         a = sum(counts[:e])
-        ref = x[a:a + 8].double().cpu() @ w[e].double().cpu()
-        err = float((out[a:a + min(8, counts[e])].double().cpu() - ref[: min(8, counts[e])]).norm() / ref.norm())
+        n = min(8, counts[e])
+        ref = x[a:a + n].double().cpu() @ w[e].double().cpu()
+        err = float((out[a:a + n].double().cpu() - ref).norm() / ref.norm())
         assert err < 2e-2, (case, err)
         if (E, T, routing) == CASES[0]:
             xp = torch.randn(E, max(counts), K, device="cuda", dtype=torch.bfloat16)
