@@ -12,7 +12,8 @@ On a GPU machine with ``ncu``:
 from its results, a few times; at the worst weight-bound case it also runs cuBLAS's batched GEMM over
 every expert padded to the largest (``torch.bmm``). It writes the order of its launches to the
 manifest. ``parse`` pairs ncu's rows with the manifest, keeps the throughputs (as shares of each unit's
-peak), the L2 hit rate, occupancy and the warps' stall reasons (as shares of the sampled stalls), and
+peak), the L2 hit rate, occupancy, the clock, and the warps' stall reasons (cycles stalled per issued
+instruction, as shares of all stalled cycles), and
 writes one row per launch and the median per case and path. The clocks are left as they are, so
 the durations are those of a GPU under profiling, not chapter 4's timings.
 """
@@ -32,13 +33,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 CASES = [(64, 8192, "uniform"), (128, 8192, "0.1"), (128, 8192, "uniform")]
-KEEP = [r"^gpu__time_duration\.sum$", r"^dram__throughput\.avg\.pct_of_peak_sustained_elapsed$",
+KEEP = [r"^gpu__time_duration\.sum$", r"^gpu__dram_throughput\.avg\.pct_of_peak_sustained_elapsed$",
         r"^lts__throughput\.avg\.pct_of_peak_sustained_elapsed$", r"^sm__throughput\.avg\.pct_of_peak_sustained_elapsed$",
-        r"^l1tex__throughput\.avg\.pct_of_peak_sustained_active$", r"^lts__t_sector_hit_rate\.pct$",
+        r"^sm__pipe_tensor_cycles_active\.avg\.pct_of_peak_sustained_elapsed$", r"^lts__t_sector_hit_rate\.pct$",
         r"^sm__warps_active\.avg\.pct_of_peak_sustained_active$", r"^launch__registers_per_thread$",
-        r"^launch__grid_size$", r"^launch__block_size$", r"^sm__cycles_elapsed\.avg\.per_second$",
-        r"pipe_tensor.*pct"]
-STALL = re.compile(r"^smsp__pcsamp_warps_issue_stalled_(\w+)$")
+        r"^launch__grid_size$", r"^launch__block_size$", r"^gpc__cycles_elapsed\.avg\.per_second$"]
+STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")
 
 
 def run(manifest: Path) -> None:
@@ -109,7 +109,7 @@ def parse(counters: Path, manifest: Path, out: Path) -> None:
                 row[f"{metric} ({units[i]})" if units[i] else metric] = _number(values[i])
         stalls = {m.group(1): _number(values[i]) or 0.0 for metric, i in col.items() if (m := STALL.match(metric))}
         total = sum(stalls.values())
-        row["stalls (share of samples)"] = {k: v / total for k, v in sorted(stalls.items(), key=lambda kv: -kv[1])
+        row["stalls (share of stalled cycles)"] = {k: v / total for k, v in sorted(stalls.items(), key=lambda kv: -kv[1])
                                             if total and v / total >= 0.01}
         rows.append(row)
     summary = {}
@@ -117,7 +117,8 @@ def parse(counters: Path, manifest: Path, out: Path) -> None:
         group = [r for r in rows if (r["case"], r["path"]) == key]
         numbers = {k: statistics.median(r[k] for r in group) for k, v in group[0].items()
                    if isinstance(v, float) and all(isinstance(r.get(k), float) for r in group)}
-        summary[f"{key[0]} | {key[1]}"] = numbers | {"stalls (share of samples)": group[-1]["stalls (share of samples)"]}
+        stalls = "stalls (share of stalled cycles)"
+        summary[f"{key[0]} | {key[1]}"] = numbers | {stalls: group[-1][stalls]}
     tmp = Path(str(out) + ".tmp")
     tmp.write_text(json.dumps({"summary": summary, "launches": rows}, indent=1))
     tmp.replace(out)
