@@ -186,6 +186,11 @@ def test_choose_config_follows_tokens_per_expert():
     assert small["block_m"] < mid["block_m"] < big["block_m"]
     assert small["programs_per_sm"] == mid["programs_per_sm"] == 2 and big["programs_per_sm"] == 1
     assert all(c["block_m"] * c["block_k"] * c["num_stages"] > 0 for c in (small, mid, big))
+    assert big["flatten"] and not small["flatten"] and not mid["flatten"]  # the tile loop flattened for large tiles
+    x, w = torch.zeros(64, 16), torch.zeros(1, 16, 8)
+    offsets = torch.tensor([0, 64], dtype=torch.int32)
+    assert gg.GroupedGemm(x, w, offsets).config["flatten"] is True  # TMA strides, 64 tokens per expert
+    assert gg.GroupedGemm(x, w, offsets, tma=False).config["flatten"] is False  # only the TMA kernel flattens
 
 
 def test_tile_schedule_of_the_seed():

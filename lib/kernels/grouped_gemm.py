@@ -254,16 +254,19 @@ def choose_config(T: int, E: int) -> dict:
     largest tile (``results/nvidia-h200/tuning/grouped-gemm-tall.json``: at E = 256, T = 8192 it took
     0.92 of the time of 64 x 128 with skewed routing, about the same with uniform routing). Half-height
     last row tiles (``half_tail``) stay off: chapter 4 times them against whole tiles case by case, and
-    on the H200 they moved most cases by a few percent either way."""
+    on the H200 they moved most cases by a few percent either way. The largest tile runs its tile loop
+    flattened into its K loop (``flatten``: the pipeline loads a program's next tile while it finishes the
+    current one), which took 0.973 to 1.004 of the time of the plain loop on chapter 4's cases with that
+    tile, and up to 1.04 with the small tiles (``results/nvidia-h200/tuning/grouped-gemm-flatten.json``)."""
     per_expert = T / max(E, 1)
     if per_expert <= 2:
         return dict(block_m=32, block_n=128, block_k=64, num_warps=4, num_stages=4, programs_per_sm=2,
-                    half_tail=False, order="experts")
+                    half_tail=False, order="experts", flatten=False)
     if per_expert < 32:
         return dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4, programs_per_sm=2,
-                    half_tail=False, order="experts")
+                    half_tail=False, order="experts", flatten=False)
     return dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, programs_per_sm=1, half_tail=False,
-                order="experts")
+                order="experts", flatten=True)
 
 
 def tma_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -291,7 +294,7 @@ class GroupedGemm:
     def __init__(self, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
                  num_programs: int | None = None, block_m: int | None = None, block_n: int | None = None,
                  block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                 tma: bool | None = None, warp_specialize: bool = False, flatten: bool = False,
+                 tma: bool | None = None, warp_specialize: bool = False, flatten: bool | None = None,
                  half_tail: bool | None = None, order: str | None = None):
         _check(x, w, offsets, out)
         T, K = x.shape
@@ -308,6 +311,7 @@ class GroupedGemm:
             raise ValueError(f"half_tail needs block_m a power of two of at least 32 (half tiles of at least 16 "
                              f"rows, the smallest tl.dot); got block_m={block_m}: pass half_tail=False")
         order = cfg["order"] if order is None else order
+        flatten = cfg["flatten"] if flatten is None else flatten
         if order not in ORDERS:
             raise ValueError(f"order must be one of {tuple(ORDERS)} (see tile_schedule), got {order!r}")
         programs = num_programs or cfg["programs_per_sm"] * _sm_count(x.device)
@@ -317,12 +321,13 @@ class GroupedGemm:
         self.tma = bool(tma is not False and K and tma_applies(x, w))
         self.grid = (programs,)
         self.config = dict(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps,
-                           num_stages=num_stages, programs=programs, tma=self.tma, half_tail=half_tail, order=order)
+                           num_stages=num_stages, programs=programs, tma=self.tma, half_tail=half_tail, order=order,
+                           flatten=bool(flatten and self.tma))
         self.meta = dict(NUM_PROGRAMS=programs, BLOCK_E=max(16, triton.next_power_of_2(E)), BLOCK_M=block_m,
                          BLOCK_N=block_n, BLOCK_K=block_k)
         if self.tma:
             self.kernel = _grouped_gemm_tma_kernel
-            self.meta.update(STAGES=num_stages, WS=warp_specialize, FLATTEN=flatten, HALF_TAIL=half_tail,
+            self.meta.update(STAGES=num_stages, WS=warp_specialize, FLATTEN=bool(flatten), HALF_TAIL=half_tail,
                              ORDER=ORDERS[order])
             self.options = dict(num_warps=num_warps)
             self.scalars = (T, E, N, K, x.stride(0), w.stride(0), w.stride(1))
@@ -371,7 +376,7 @@ class GroupedGemm:
 def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
                  num_programs: int | None = None, block_m: int | None = None, block_n: int | None = None,
                  block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                 tma: bool | None = None, warp_specialize: bool = False, flatten: bool = False,
+                 tma: bool | None = None, warp_specialize: bool = False, flatten: bool | None = None,
                  half_tail: bool | None = None, order: str | None = None) -> torch.Tensor:
     """y[offsets[e]:offsets[e+1]] = x[offsets[e]:offsets[e+1]] @ w[e] for every expert e, in one launch.
 
@@ -381,7 +386,8 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out
     Launch parameters left as None come from ``choose_config(T, E)``. ``tma``: load the tiles through
     tensor descriptors (Hopper's tensor-memory accelerator; None: whenever the strides allow it, i.e.
     unit stride in the last dimension and 16-byte aligned rows), else masked pointer loads (False, or
-    strides TMA cannot take); ``warp_specialize`` and ``flatten`` pass to the TMA kernel's tile loop.
+    strides TMA cannot take); ``warp_specialize`` and ``flatten`` pass to the TMA kernel's tile loop
+    (``flatten`` None: ``choose_config``'s rule).
     ``half_tail``: an expert whose rows past its last full row tile fit in half a tile computes that
     last tile at half height (``row_tiles``). ``order``: the order of the tiles in the schedule
     (``tile_schedule``). It plans on every call; for repeated calls of one shape, ``GroupedGemm`` plans once.
