@@ -1,6 +1,6 @@
 """Check and time grouped-GEMM paths for MoE shapes on a GPU; prints one table.
 
-    python tools/bench_grouped_gemm.py [--out rows.json] [--tiles | --tma | --mid | --tall | --order | --flatten]
+    python tools/bench_grouped_gemm.py [--out rows.json] [--tiles | --tma | --mid | --tall | --order | --flatten | --mainloop]
 
 For each shape (E experts, K, N), token count and routing: correctness of the lib kernel in bf16 against
 a float32 reference, then GPU time (CUDA-graph replay) and call time (eager) of an eager loop of
@@ -280,6 +280,17 @@ def sweep_flatten(out_path):
     sweep_cases(out_path, configs, lambda p: True, pair_all=True)
 
 
+def sweep_mainloop(out_path):
+    """Cases with at least 32 tokens per expert: the main loop's depth and step (four stages; steps of 128
+    along K with two stages) and 128 x 128 tiles with two programs per SM, each against the rule (its
+    tile loop flattened) in pairs."""
+    sms = gg._sm_count(torch.device("cuda"))
+    configs = {"rule": {}, "s4": dict(num_stages=4), "k128 s2": dict(block_k=128, num_stages=2),
+               "128x128 w8 s3 x2": dict(block_n=128, num_warps=8, num_stages=3, num_programs=2 * sms),
+               "128x128 w4 s4 x2": dict(block_n=128, num_warps=4, num_stages=4, num_programs=2 * sms)}
+    sweep_cases(out_path, configs, lambda p: p["T"] / p["E"] >= 32, pair_all=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -289,7 +300,10 @@ def main():
     ap.add_argument("--tall", action="store_true", help="row tiles of 256 and four stages on chapter 4's cases")
     ap.add_argument("--order", action="store_true", help="the schedule's tile orders on chapter 4's cases")
     ap.add_argument("--flatten", action="store_true", help="the tile loop flattened, on chapter 4's cases")
+    ap.add_argument("--mainloop", action="store_true", help="stages, K step and two programs per SM, large tiles")
     args = ap.parse_args()
+    if args.mainloop:
+        return sweep_mainloop(args.out)
     if args.flatten:
         return sweep_flatten(args.out)
     if args.tall:
