@@ -246,7 +246,7 @@ def _check(x, w, offsets, out):
             raise ValueError(f"offsets must be non-decreasing within [0, T={T}]; got {offsets.tolist()}")
 
 
-def choose_config(T: int, E: int) -> dict:
+def choose_config(T: int, E: int, K: int | None = None) -> dict:
     """Tile and launch for T routed tokens over E experts, from the H200 measurements of chapter 4
     (``results/nvidia-h200/tuning/grouped-gemm-tiles.json``). Few tokens per expert make each expert's
     product a thin row block that streams w[e]: small row tiles, and two programs per SM to keep more
@@ -257,7 +257,11 @@ def choose_config(T: int, E: int) -> dict:
     on the H200 they moved most cases by a few percent either way. The largest tile runs its tile loop
     flattened into its K loop (``flatten``: the pipeline loads a program's next tile while it finishes the
     current one), which took 0.973 to 1.004 of the time of the plain loop on chapter 4's cases with that
-    tile, and up to 1.04 with the small tiles (``results/nvidia-h200/tuning/grouped-gemm-flatten.json``)."""
+    tile, and up to 1.04 with the small tiles (``results/nvidia-h200/tuning/grouped-gemm-flatten.json``).
+    With that tile, a K of at most 4096 (``K`` None: unknown, taken as long) gets four pipeline stages
+    rather than three: on chapter 4's cases four took 0.962 to 1.002 of the time of three at K = 2048
+    and 4096, and 1.011 to 1.035 at K = 7168 (``results/nvidia-h200/tuning/grouped-gemm-mainloop.json``,
+    pairs)."""
     per_expert = T / max(E, 1)
     if per_expert <= 2:
         return dict(block_m=32, block_n=128, block_k=64, num_warps=4, num_stages=4, programs_per_sm=2,
@@ -265,8 +269,9 @@ def choose_config(T: int, E: int) -> dict:
     if per_expert < 32:
         return dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4, programs_per_sm=2,
                     half_tail=False, order="experts", flatten=False)
-    return dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, programs_per_sm=1, half_tail=False,
-                order="experts", flatten=True)
+    stages = 4 if K is not None and K <= 4096 else 3
+    return dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=stages, programs_per_sm=1,
+                half_tail=False, order="experts", flatten=True)
 
 
 def tma_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -299,7 +304,7 @@ class GroupedGemm:
         _check(x, w, offsets, out)
         T, K = x.shape
         E, _, N = w.shape
-        cfg = choose_config(T, E)
+        cfg = choose_config(T, E, K)
         block_m = block_m or cfg["block_m"]
         block_n = block_n or cfg["block_n"]
         block_k = block_k or cfg["block_k"]
@@ -383,7 +388,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out
     x: [T, K] (tokens sorted by expert), w: [E, K, N], offsets: int32 [E + 1], non-decreasing, within
     [0, T] (checked when on the CPU; on the GPU checking would cost a synchronization). Rows of ``out``
     that no expert owns are left as they were (``out`` defaults to zeros then). Returns [T, N].
-    Launch parameters left as None come from ``choose_config(T, E)``. ``tma``: load the tiles through
+    Launch parameters left as None come from ``choose_config(T, E, K)``. ``tma``: load the tiles through
     tensor descriptors (Hopper's tensor-memory accelerator; None: whenever the strides allow it, i.e.
     unit stride in the last dimension and 16-byte aligned rows), else masked pointer loads (False, or
     strides TMA cannot take); ``warp_specialize`` and ``flatten`` pass to the TMA kernel's tile loop
