@@ -28,6 +28,22 @@ def test_read_sum_rejects_bad_input():
         stream.read_sum(torch.randn(8, 8).t(), torch.randn(8, 8))
     with pytest.raises(ValueError, match="power of two"):
         stream.read_sum(a, a, block=100)
+    with pytest.raises(ValueError, match="evict='evict_often'"):
+        stream.read_sum(a, a, evict="evict_often")
+
+
+@pytest.mark.parametrize("evict,cache", [("evict_first", ""), ("", ".cg"), ("evict_last", ".ca")])
+def test_load_hints_keep_the_totals(evict, cache):
+    gen = torch.Generator().manual_seed(7)
+    a = torch.randn(1000, generator=gen).to(torch.float16)
+    b = torch.randn(1000, generator=gen).to(torch.float16)
+    want = a.double().sum() + b.double().sum()
+    part = stream.read_sum(a, b, programs=3, block=64, evict=evict, cache=cache)
+    assert abs(part.double().sum() - want) < 1e-3 * 1000 ** 0.5 + 1e-4
+    k = torch.randn(6, 2, 16, 16, generator=gen).to(torch.float16)
+    pages = torch.tensor([4, 0, 5], dtype=torch.int32)
+    part = stream.read_pages_sum(k, k, pages, programs=2, block=128, evict=evict, cache=cache)
+    assert abs(part.double().sum() - 2 * k[pages.long()].double().sum()) < 1e-3 * 2048 ** 0.5 + 1e-4
 
 
 @pytest.mark.parametrize("H_kv,page,d,n_pages,programs,block", [
@@ -57,3 +73,5 @@ def test_read_pages_sum_rejects_bad_input():
     with pytest.raises(ValueError, match="power of two"):
         stream.read_pages_sum(k[..., :12].contiguous(), k[..., :12].contiguous(), torch.arange(4, dtype=torch.int32))
     assert float(stream.read_pages_sum(k, k, torch.zeros(0, dtype=torch.int32)).sum()) == 0
+    with pytest.raises(ValueError, match="cache='.cs'"):
+        stream.read_pages_sum(k, k, torch.arange(4, dtype=torch.int32), cache=".cs")

@@ -497,6 +497,78 @@ def sweep_short(out_path, budget_s=100.0):
         torch.cuda.empty_cache()
 
 
+def sweep_reads(out_path, budget_s=360.0):
+    """How fast the bytes of a step can be read at all, against SDPA's whole step, where the kernel on pages
+    of 16 was slower than SDPA in chapter 3 (and at the seed's shape): the read-only kernels over the
+    contiguous cache and over the same pages of 16, over programs, step size and warps, then the loads'
+    cache hints around the best three. Then SDPA, the best of each read and the default kernel in three
+    interleaved rounds, and SDPA against the best paged read in pairs. If the best paged read takes longer
+    than SDPA, no kernel that must read those pages the ways tried here can be as fast as SDPA there.
+    Rows are written after every shape; the sweep stops cleanly when ``budget_s`` runs out."""
+    import time
+
+    from lib import compare
+    dev = "cuda"
+    t_start = time.perf_counter()
+    gen = torch.Generator(device=dev).manual_seed(0)
+    props = torch.cuda.get_device_properties(0)
+    l2, sms = props.L2_cache_size, props.multi_processor_count
+    rows = []
+
+    def t_of(fns, reps=5):
+        return timing.bench(fns, device=dev, reps=reps, target_ms=0.5).gpu_us.median
+
+    shapes = [(8, 8, 4096), (8, 32, 16384), (64, 8, 16384), (8, 8, 131072), (64, 32, 2048), (8, 32, 4096),
+              (64, 8, 4096), (8, 8, 512), (8, 32, 512), (64, 1, 2048)]
+    launches = list(itertools.product([1024, 2 * sms, 4 * sms, 8 * sms, 16 * sms, 32 * sms], [2048, 4096, 8192], [4, 8]))
+    hints = [(e, c) for e in ("", "evict_first") for c in ("", ".cg")][1:]
+    for B, H_kv, L in shapes:
+        if time.perf_counter() - t_start > budget_s:
+            print("budget spent, stopping before", (B, H_kv, L), flush=True)
+            break
+        nbytes = 2 * B * L * H_kv * 128 * 2
+        data = [make(B, 32, H_kv, L, 128, 16, dev, gen) for _ in range(timing.rotation(nbytes, l2))]
+        q, k, v, kc, vc, bt, lens = data[0]
+        flat = [d[5].flatten() for d in data]
+        want = kc.double().sum() + vc.double().sum()
+        got = stream.read_pages_sum(kc, vc, flat[0]).double().sum()
+        assert abs(got - want) <= 1e-3 * (2 * k.numel()) ** 0.5 + 1e-3, (got, want)
+        ref = da.reference(q[:2], kc, vc, bt[:2], lens[:2])
+        plan_default, default = _checked_plan(data, ref, "paged", {})
+        sdpa = [lambda d=d: F.scaled_dot_product_attention(d[0].unsqueeze(2), d[1], d[2], enable_gqa=True) for d in data]
+
+        def reads(kind, progs, block, nw, evict="", cache="", data=data, flat=flat):
+            kw = dict(programs=progs, block=block, num_warps=nw, evict=evict, cache=cache)
+            if kind == "paged":
+                return [lambda d=d, f=f: stream.read_pages_sum(d[3], d[4], f, **kw) for d, f in zip(data, flat)]
+            return [lambda d=d: stream.read_sum(d[1], d[2], **kw) for d in data]
+
+        best = {}
+        found_all = {}
+        for kind in ("paged", "contiguous"):
+            found = [(t_of(reads(kind, *ln)), ln + ("", "")) for ln in launches]
+            found.sort(key=lambda x: x[0])
+            found += [(t_of(reads(kind, *ln[:3], e, c)), ln[:3] + (e, c)) for _, ln in found[:3] for e, c in hints]
+            found.sort(key=lambda x: x[0])
+            best[kind] = found[0][1]
+            found_all[kind] = found
+        paths = {"sdpa": sdpa, "kernel paged 16": default, "read paged 16, default": reads("paged", 1024, 4096, 4),
+                 "read paged 16, best": reads("paged", *best["paged"]),
+                 "read contiguous, best": reads("contiguous", *best["contiguous"])}
+        res, med = _rounds(paths, lambda f: t_of(f, reps=9))
+        pr = compare.paired(sdpa, paths["read paged 16, best"], device=dev, pairs=11, target_ms=1.0)
+        rows.append(dict(B=B, H_kv=H_kv, L=L, bytes=nbytes, found={k: [(t, list(c)) for t, c in v] for k, v in found_all.items()},
+                         best={k: list(v) for k, v in best.items()}, rounds=res, median=med,
+                         read_paged_over_sdpa_pairs=pr.to_dict(),
+                         default=dict(plan_default.meta, splits=plan_default.splits, warps=plan_default.options["num_warps"])))
+        print((B, H_kv, L), {n: round(t, 2) for n, t in med.items()}, "best paged", best["paged"], "contiguous",
+              best["contiguous"], f"read paged / sdpa (pairs) {pr.ratio.median:.3f} [{pr.ratio.q1:.3f}-{pr.ratio.q3:.3f}]",
+              f"[{time.perf_counter() - t_start:.0f} s]", flush=True)
+        _write(rows, out_path)
+        del data, flat, paths, sdpa, default, plan_default
+        torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -510,8 +582,11 @@ def main():
     ap.add_argument("--warps", action="store_true", help="warps per program with small tiles, against SDPA")
     ap.add_argument("--mqa", action="store_true", help="tile, warps and splits for 32 query heads per KV head")
     ap.add_argument("--short", action="store_true", help="whole-context tiles and pipeline depth at short MQA contexts")
+    ap.add_argument("--reads", action="store_true",
+                    help="the fastest read of the step's bytes (pages of 16, contiguous) against SDPA")
     args = ap.parse_args()
-    sweeps = {"short": sweep_short, "mqa": sweep_mqa, "warps": sweep_warps, "per_page": sweep_per_page, "heads": sweep_heads,
+    sweeps = {"reads": sweep_reads,
+              "short": sweep_short, "mqa": sweep_mqa, "warps": sweep_warps, "per_page": sweep_per_page, "heads": sweep_heads,
               "long_mqa": sweep_long_mqa, "pipeline": sweep_pipeline, "splits": sweep_splits, "pages": sweep_pages}
     for flag, sweep in sweeps.items():
         if getattr(args, flag):

@@ -19,24 +19,34 @@ import torch
 import triton
 import triton.language as tl
 
+EVICTS = ("", "evict_first", "evict_last")  # tl.load's eviction_policy
+CACHES = ("", ".ca", ".cg", ".cv")  # tl.load's cache_modifier
+
+
+def _hint(value: str, allowed: tuple[str, ...], name: str) -> str:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not a load hint Triton takes here; use one of {allowed}")
+    return value
+
 
 @triton.jit
-def _read_sum_kernel(A, B, OUT, n, n_per, BLOCK: tl.constexpr):
+def _read_sum_kernel(A, B, OUT, n, n_per, BLOCK: tl.constexpr, EVICT: tl.constexpr = "", CACHE: tl.constexpr = ""):
     pid = tl.program_id(0)
     base = pid.to(tl.int64) * n_per
     acc = tl.zeros([BLOCK], tl.float32)
     for i in range(0, n_per, BLOCK):
         off = base + i + tl.arange(0, BLOCK)
         mask = off < n
-        acc += tl.load(A + off, mask=mask, other=0.0).to(tl.float32)
-        acc += tl.load(B + off, mask=mask, other=0.0).to(tl.float32)
+        acc += tl.load(A + off, mask=mask, other=0.0, eviction_policy=EVICT, cache_modifier=CACHE).to(tl.float32)
+        acc += tl.load(B + off, mask=mask, other=0.0, eviction_policy=EVICT, cache_modifier=CACHE).to(tl.float32)
     tl.store(OUT + pid, tl.sum(acc))
 
 
 def read_sum(a: torch.Tensor, b: torch.Tensor, *, programs: int = 1024, block: int = 4096, num_warps: int = 4,
-             out: torch.Tensor | None = None) -> torch.Tensor:
+             evict: str = "", cache: str = "", out: torch.Tensor | None = None) -> torch.Tensor:
     """Read ``a`` and ``b`` (contiguous, same number of elements) once; return float32 partial sums, one
-    per program, whose total is a.sum() + b.sum(). ``programs`` pieces of ``block``-element steps."""
+    per program, whose total is a.sum() + b.sum(). ``programs`` pieces of ``block``-element steps;
+    ``evict`` and ``cache`` are the loads' ``eviction_policy`` and ``cache_modifier`` (tl.load's)."""
     if not (a.is_contiguous() and b.is_contiguous()) or a.numel() != b.numel() or a.device != b.device:
         raise ValueError(f"a and b must be contiguous tensors of one size on one device; got {tuple(a.shape)} "
                          f"{a.device}, {tuple(b.shape)} {b.device}")
@@ -49,13 +59,14 @@ def read_sum(a: torch.Tensor, b: torch.Tensor, *, programs: int = 1024, block: i
         out = torch.empty(grid, device=a.device, dtype=torch.float32)
     elif out.shape != (grid,) or out.dtype != torch.float32:
         raise ValueError(f"out must be float32 of shape ({grid},) for these arguments")
-    _read_sum_kernel[(grid,)](a, b, out, n, n_per, BLOCK=block, num_warps=num_warps)
+    _read_sum_kernel[(grid,)](a, b, out, n, n_per, BLOCK=block, EVICT=_hint(evict, EVICTS, "evict"),
+                              CACHE=_hint(cache, CACHES, "cache"), num_warps=num_warps)
     return out
 
 
 @triton.jit
 def _read_pages_kernel(K, V, PAGES, OUT, n_units, per_prog, CHUNK: tl.constexpr, SUB: tl.constexpr,
-                       ROWS: tl.constexpr):
+                       ROWS: tl.constexpr, EVICT: tl.constexpr = "", CACHE: tl.constexpr = ""):
     """Units are (entry of PAGES, piece of SUB elements of that page's CHUNK); ROWS units per step, the
     page numbers of the next step requested one step ahead (so the loads do not wait on them)."""
     PIECES: tl.constexpr = CHUNK // SUB
@@ -72,17 +83,19 @@ def _read_pages_kernel(K, V, PAGES, OUT, n_units, per_prog, CHUNK: tl.constexpr,
         page = nxt.to(tl.int64)
         nxt = tl.load(PAGES + (u + ROWS) // PIECES, mask=u + ROWS < end, other=0)
         off = page[:, None] * CHUNK + ((u % PIECES) * SUB)[:, None] + c[None, :]
-        acc += tl.load(K + off, mask=m[:, None], other=0.0).to(tl.float32)
-        acc += tl.load(V + off, mask=m[:, None], other=0.0).to(tl.float32)
+        acc += tl.load(K + off, mask=m[:, None], other=0.0, eviction_policy=EVICT, cache_modifier=CACHE).to(tl.float32)
+        acc += tl.load(V + off, mask=m[:, None], other=0.0, eviction_policy=EVICT, cache_modifier=CACHE).to(tl.float32)
     tl.store(OUT + pid, tl.sum(tl.sum(acc, 1), 0))
 
 
 def read_pages_sum(k_cache: torch.Tensor, v_cache: torch.Tensor, pages: torch.Tensor, *, programs: int = 1024,
-                   block: int = 4096, num_warps: int = 4, out: torch.Tensor | None = None) -> torch.Tensor:
+                   block: int = 4096, num_warps: int = 4, evict: str = "", cache: str = "",
+                   out: torch.Tensor | None = None) -> torch.Tensor:
     """Read, for every page number in ``pages`` (int32, any order, e.g. a flattened block table), that
     page's whole slab of ``k_cache`` and ``v_cache`` ([num_pages, H_kv, page_size, d], contiguous);
     return float32 partial sums, one per program, whose total is the sum of those slabs. Each step
-    reads ``block`` elements of each cache: several small pages, or a piece of a large one."""
+    reads ``block`` elements of each cache: several small pages, or a piece of a large one. ``evict`` and
+    ``cache`` as for ``read_sum``."""
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError(f"k_cache and v_cache must be contiguous [num_pages, H_kv, page_size, d] of one shape; got "
                          f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
@@ -103,7 +116,8 @@ def read_pages_sum(k_cache: torch.Tensor, v_cache: torch.Tensor, pages: torch.Te
         raise ValueError(f"out must be float32 of shape ({grid},) for these arguments")
     if n_units:
         _read_pages_kernel[(grid,)](k_cache, v_cache, pages, out, n_units, per, CHUNK=chunk, SUB=sub,
-                                    ROWS=max(1, block // sub), num_warps=num_warps)
+                                    ROWS=max(1, block // sub), EVICT=_hint(evict, EVICTS, "evict"),
+                                    CACHE=_hint(cache, CACHES, "cache"), num_warps=num_warps)
     else:
         out.zero_()
     return out
