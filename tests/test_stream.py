@@ -30,9 +30,11 @@ def test_read_sum_rejects_bad_input():
         stream.read_sum(a, a, block=100)
     with pytest.raises(ValueError, match="evict='evict_often'"):
         stream.read_sum(a, a, evict="evict_often")
+    with pytest.raises(ValueError, match="not both"):
+        stream.read_sum(a, a, evict="evict_first", cache=".cg")
 
 
-@pytest.mark.parametrize("evict,cache", [("evict_first", ""), ("", ".cg"), ("evict_last", ".ca")])
+@pytest.mark.parametrize("evict,cache", [("evict_first", ""), ("", ".cg"), ("evict_last", "")])
 def test_load_hints_keep_the_totals(evict, cache):
     gen = torch.Generator().manual_seed(7)
     a = torch.randn(1000, generator=gen).to(torch.float16)

@@ -521,7 +521,7 @@ def sweep_reads(out_path, budget_s=360.0):
     shapes = [(8, 8, 4096), (8, 32, 16384), (64, 8, 16384), (8, 8, 131072), (64, 32, 2048), (8, 32, 4096),
               (64, 8, 4096), (8, 8, 512), (8, 32, 512), (64, 1, 2048)]
     launches = list(itertools.product([1024, 2 * sms, 4 * sms, 8 * sms, 16 * sms, 32 * sms], [2048, 4096, 8192], [4, 8]))
-    hints = [(e, c) for e in ("", "evict_first") for c in ("", ".cg")][1:]
+    hints = [("evict_first", ""), ("evict_last", ""), ("", ".cg")]  # ptxas takes one of the two at most
     for B, H_kv, L in shapes:
         if time.perf_counter() - t_start > budget_s:
             print("budget spent, stopping before", (B, H_kv, L), flush=True)

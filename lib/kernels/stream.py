@@ -23,10 +23,15 @@ EVICTS = ("", "evict_first", "evict_last")  # tl.load's eviction_policy
 CACHES = ("", ".ca", ".cg", ".cv")  # tl.load's cache_modifier
 
 
-def _hint(value: str, allowed: tuple[str, ...], name: str) -> str:
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r} is not a load hint Triton takes here; use one of {allowed}")
-    return value
+def _hints(evict: str, cache: str) -> dict:
+    """The loads' hints as the kernels' meta-parameters, checked: one of the two at most (ptxas takes
+    no eviction policy together with a cache modifier)."""
+    for name, value, allowed in (("evict", evict, EVICTS), ("cache", cache, CACHES)):
+        if value not in allowed:
+            raise ValueError(f"{name}={value!r} is not a load hint Triton takes here; use one of {allowed}")
+    if evict and cache:
+        raise ValueError(f"give evict ({evict!r}) or cache ({cache!r}), not both: ptxas rejects the pair")
+    return dict(EVICT=evict, CACHE=cache)
 
 
 @triton.jit
@@ -46,7 +51,7 @@ def read_sum(a: torch.Tensor, b: torch.Tensor, *, programs: int = 1024, block: i
              evict: str = "", cache: str = "", out: torch.Tensor | None = None) -> torch.Tensor:
     """Read ``a`` and ``b`` (contiguous, same number of elements) once; return float32 partial sums, one
     per program, whose total is a.sum() + b.sum(). ``programs`` pieces of ``block``-element steps;
-    ``evict`` and ``cache`` are the loads' ``eviction_policy`` and ``cache_modifier`` (tl.load's)."""
+    ``evict`` or ``cache`` (not both) is the loads' ``eviction_policy`` or ``cache_modifier`` (tl.load's)."""
     if not (a.is_contiguous() and b.is_contiguous()) or a.numel() != b.numel() or a.device != b.device:
         raise ValueError(f"a and b must be contiguous tensors of one size on one device; got {tuple(a.shape)} "
                          f"{a.device}, {tuple(b.shape)} {b.device}")
@@ -59,8 +64,7 @@ def read_sum(a: torch.Tensor, b: torch.Tensor, *, programs: int = 1024, block: i
         out = torch.empty(grid, device=a.device, dtype=torch.float32)
     elif out.shape != (grid,) or out.dtype != torch.float32:
         raise ValueError(f"out must be float32 of shape ({grid},) for these arguments")
-    _read_sum_kernel[(grid,)](a, b, out, n, n_per, BLOCK=block, EVICT=_hint(evict, EVICTS, "evict"),
-                              CACHE=_hint(cache, CACHES, "cache"), num_warps=num_warps)
+    _read_sum_kernel[(grid,)](a, b, out, n, n_per, BLOCK=block, **_hints(evict, cache), num_warps=num_warps)
     return out
 
 
@@ -116,8 +120,7 @@ def read_pages_sum(k_cache: torch.Tensor, v_cache: torch.Tensor, pages: torch.Te
         raise ValueError(f"out must be float32 of shape ({grid},) for these arguments")
     if n_units:
         _read_pages_kernel[(grid,)](k_cache, v_cache, pages, out, n_units, per, CHUNK=chunk, SUB=sub,
-                                    ROWS=max(1, block // sub), EVICT=_hint(evict, EVICTS, "evict"),
-                                    CACHE=_hint(cache, CACHES, "cache"), num_warps=num_warps)
+                                    ROWS=max(1, block // sub), **_hints(evict, cache), num_warps=num_warps)
     else:
         out.zero_()
     return out
