@@ -189,6 +189,7 @@ def test_choose_config_follows_tokens_per_expert():
     assert big["flatten"] and not small["flatten"] and not mid["flatten"]  # the tile loop flattened for large tiles
     assert gg.choose_config(8192, 8, 4096)["num_stages"] == 4 and gg.choose_config(8192, 8, 7168)["num_stages"] == 3
     assert big["num_stages"] == 3 and gg.choose_config(64, 64, 1024)["num_stages"] == small["num_stages"]
+    assert small["order"] == mid["order"] == "heavy_first" and big["order"] == "experts"  # heavy experts first below 32
     x, w = torch.zeros(64, 16), torch.zeros(1, 16, 8)
     offsets = torch.tensor([0, 64], dtype=torch.int32)
     assert gg.GroupedGemm(x, w, offsets).config["flatten"] is True  # TMA strides, 64 tokens per expert
