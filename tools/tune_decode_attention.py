@@ -575,6 +575,39 @@ def sweep_wide(out_path, budget_s=120.0):
         del data
         torch.cuda.empty_cache()
 
+def sweep_deep(out_path, budget_s=150.0):
+    """The seed's shape with no combine to wait for: one or two splits per (request, KV head), so 64 or
+    128 programs, each keeping many tiles in flight (tiles of 32 to 128 tokens, 3 to 7 pipeline stages,
+    4 or 8 warps, K and V requested together or not, evict-first loads); page 16. Then SDPA, the default
+    launch and the best three in three interleaved rounds."""
+    import time
+    dev = "cuda"
+    t0 = time.perf_counter()
+    gen = torch.Generator(device=dev).manual_seed(0)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    rows = []
+
+    def t_of(fns, reps=7):
+        return timing.bench(fns, device=dev, reps=reps, target_ms=0.4).gpu_us.median
+
+    B, L, H_kv = 8, 4096, 8
+    data = [make(B, 32, H_kv, L, 128, 16, dev, gen) for _ in range(timing.rotation(2 * B * L * H_kv * 128 * 2, l2))]
+    ref = da.reference(data[0][0][:2], *data[0][3:6], data[0][6][:2])
+    sdpa = [lambda d=d: F.scaled_dot_product_attention(d[0].unsqueeze(2), d[1], d[2], enable_gqa=True) for d in data]
+    plan_default, default = _checked_plan(data, ref, "paged", {})
+    found = []
+    for splits, bn, nw, ns, early in itertools.product([1, 2], [64, 128, 32], [8, 4], [4, 5, 6, 7, 3], [False, True]):
+        if time.perf_counter() - t0 > budget_s:
+            break
+        kw = dict(num_splits=splits, block_n=bn, num_warps=nw, num_stages=ns, v_early=early, evict="evict_first")
+        try:
+            found.append((t_of(_checked_plan(data, ref, "paged", kw)[1]), kw))
+        except Exception as e:  # a launch the compiler rejects (shared memory)
+            print("failed", kw, type(e).__name__, str(e)[:80], flush=True)
+    rows.append(dict(B=B, L=L, H_kv=H_kv, **_best_three(found, sdpa, default, plan_default, data, ref, t_of,
+                                                      (B, L, H_kv))))
+    _write(rows, out_path)
+
 def sweep_reads(out_path, budget_s=360.0):
     """How fast the bytes of a step can be read at all, against SDPA's whole step, where the kernel on pages
     of 16 was slower than SDPA in chapter 3 (and at the seed's shape): the read-only kernels over the
@@ -660,12 +693,13 @@ def main():
     ap.add_argument("--warps", action="store_true", help="warps per program with small tiles, against SDPA")
     ap.add_argument("--mqa", action="store_true", help="tile, warps and splits for 32 query heads per KV head")
     ap.add_argument("--short", action="store_true", help="whole-context tiles and pipeline depth at short MQA contexts")
+    ap.add_argument("--deep", action="store_true", help="seed: one or two splits, many tiles in flight")
     ap.add_argument("--wide", action="store_true", help="few wide steps per program: tiles of 64 to 256, many splits")
     ap.add_argument("--depth", action="store_true", help="pipeline depth, splits and hints for the rule's tile")
     ap.add_argument("--reads", action="store_true",
                     help="the fastest read of the step's bytes (pages of 16, contiguous) against SDPA")
     args = ap.parse_args()
-    sweeps = {"reads": sweep_reads, "depth": sweep_depth, "wide": sweep_wide,
+    sweeps = {"reads": sweep_reads, "depth": sweep_depth, "wide": sweep_wide, "deep": sweep_deep,
               "short": sweep_short, "mqa": sweep_mqa, "warps": sweep_warps, "per_page": sweep_per_page, "heads": sweep_heads,
               "long_mqa": sweep_long_mqa, "pipeline": sweep_pipeline, "splits": sweep_splits, "pages": sweep_pages}
     for flag, sweep in sweeps.items():
