@@ -497,12 +497,11 @@ def sweep_short(out_path, budget_s=100.0):
         torch.cuda.empty_cache()
 
 
-def sweep_depth(out_path, budget_s=150.0):
-    """Groups of up to 32 query heads per KV head where the kernel was a few percent slower than SDPA (and
-    the seed's shape): more bytes in flight per SM than the default launch keeps, by deeper pipelines (3
-    to 6 stages), more splits (the rule's, 2x, 4x), K and V requested together, the loads' eviction hint and
-    the combine, with the rule's tile and warps; page 16. Then SDPA, the default launch and the best three
-    in three interleaved rounds. Rows are written after every shape."""
+def _launch_search(out_path, shapes, configs_of, budget_s):
+    """Page 16, groups of 32 // H_kv query heads: at each (B, L, H_kv) of ``shapes``, every launch that
+    ``configs_of(B, L, H_kv, plan_default)`` yields (DecodeAttention keywords), checked and timed, until
+    ``budget_s`` runs out; then SDPA, the default launch and the best three in three interleaved rounds.
+    Rows are written after every shape."""
     import time
     dev = "cuda"
     t0 = time.perf_counter()
@@ -513,7 +512,7 @@ def sweep_depth(out_path, budget_s=150.0):
     def t_of(fns, reps=7):
         return timing.bench(fns, device=dev, reps=reps, target_ms=0.4).gpu_us.median
 
-    for B, L, H_kv in [(8, 4096, 8), (8, 512, 8), (8, 16384, 8), (64, 4096, 8), (8, 512, 32)]:
+    for B, L, H_kv in shapes:
         if time.perf_counter() - t0 > budget_s:
             print("budget spent, stopping before", (B, L, H_kv), flush=True)
             break
@@ -522,11 +521,9 @@ def sweep_depth(out_path, budget_s=150.0):
         sdpa = [lambda d=d: F.scaled_dot_product_attention(d[0].unsqueeze(2), d[1], d[2], enable_gqa=True) for d in data]
         plan_default, default = _checked_plan(data, ref, "paged", {})
         found = []
-        for ns, mult, early, evict, combine in itertools.product([3, 4, 5, 6], [1, 2, 4], [False, True],
-                                                                 ["", "evict_first"], ["auto", "kernel"]):
+        for kw in configs_of(B, L, H_kv, plan_default):
             if time.perf_counter() - t0 > budget_s + 20:
                 break
-            kw = dict(num_stages=ns, num_splits=plan_default.splits * mult, v_early=early, evict=evict, combine=combine)
             try:
                 found.append((t_of(_checked_plan(data, ref, "paged", kw)[1]), kw))
             except Exception as e:  # a launch the compiler rejects (shared memory)
@@ -536,77 +533,49 @@ def sweep_depth(out_path, budget_s=150.0):
         _write(rows, out_path)
         del data
         torch.cuda.empty_cache()
+
+
+def sweep_depth(out_path, budget_s=150.0):
+    """Groups of up to 32 query heads per KV head where the kernel was a few percent slower than SDPA (and
+    the seed's shape): more bytes in flight per SM than the default launch keeps, by deeper pipelines (3
+    to 6 stages), more splits (the rule's, 2x, 4x), K and V requested together, the loads' eviction hint and
+    the combine, with the rule's tile and warps."""
+    def configs(B, L, H_kv, plan):
+        for ns, mult, early, evict, combine in itertools.product([3, 4, 5, 6], [1, 2, 4], [False, True],
+                                                                 ["", "evict_first"], ["auto", "kernel"]):
+            yield dict(num_stages=ns, num_splits=plan.splits * mult, v_early=early, evict=evict, combine=combine)
+
+    _launch_search(out_path, [(8, 4096, 8), (8, 512, 8), (8, 16384, 8), (64, 4096, 8), (8, 512, 32)], configs,
+                   budget_s)
+
 
 def sweep_wide(out_path, budget_s=120.0):
     """Few, wide steps per program, the way the fastest reads run (many short programs, each loading
     much at once): tiles of 64 to 256 tokens, one or two tiles per split (so 16 to 64 splits at the seed's
-    shape), 4 or 8 warps, K and V requested together, evict-first or plain loads, either combine; page 16,
-    groups of 4. Then SDPA, the default launch and the best three in three interleaved rounds."""
-    import time
-    dev = "cuda"
-    t0 = time.perf_counter()
-    gen = torch.Generator(device=dev).manual_seed(0)
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    rows = []
-
-    def t_of(fns, reps=7):
-        return timing.bench(fns, device=dev, reps=reps, target_ms=0.4).gpu_us.median
-
-    for B, L, H_kv in [(8, 4096, 8), (8, 512, 8), (8, 16384, 8)]:
-        data = [make(B, 32, H_kv, L, 128, 16, dev, gen) for _ in range(timing.rotation(2 * B * L * H_kv * 128 * 2, l2))]
-        ref = da.reference(data[0][0][:2], *data[0][3:6], data[0][6][:2])
-        sdpa = [lambda d=d: F.scaled_dot_product_attention(d[0].unsqueeze(2), d[1], d[2], enable_gqa=True) for d in data]
-        plan_default, default = _checked_plan(data, ref, "paged", {})
-        found = []
+    shape), 4 or 8 warps, K and V requested together, evict-first or plain loads, either combine; groups
+    of 4."""
+    def configs(B, L, H_kv, plan):
         for bn, tps, nw, ns, evict, combine in itertools.product([64, 128, 256], [1, 2], [4, 8], [1, 2],
                                                                  ["", "evict_first"], ["auto", "kernel"]):
-            splits = L // (bn * tps)
-            if splits < 1 or splits > 256 or time.perf_counter() - t0 > budget_s:
-                continue
-            kw = dict(block_n=bn, num_splits=splits, num_warps=nw, num_stages=ns, v_early=True, evict=evict,
-                      combine=combine)
-            try:
-                found.append((t_of(_checked_plan(data, ref, "paged", kw)[1]), kw))
-            except Exception as e:  # a launch the compiler rejects (shared memory)
-                print("failed", (B, L, H_kv), kw, type(e).__name__, str(e)[:80], flush=True)
-        rows.append(dict(B=B, L=L, H_kv=H_kv, **_best_three(found, sdpa, default, plan_default, data, ref, t_of,
-                                                          (B, L, H_kv))))
-        _write(rows, out_path)
-        del data
-        torch.cuda.empty_cache()
+            if 1 <= L // (bn * tps) <= 256:
+                yield dict(block_n=bn, num_splits=L // (bn * tps), num_warps=nw, num_stages=ns, v_early=True,
+                           evict=evict, combine=combine)
+
+    _launch_search(out_path, [(8, 4096, 8), (8, 512, 8), (8, 16384, 8)], configs, budget_s)
+
 
 def sweep_deep(out_path, budget_s=150.0):
     """The seed's shape with no combine to wait for: one or two splits per (request, KV head), so 64 or
     128 programs, each keeping many tiles in flight (tiles of 32 to 128 tokens, 3 to 7 pipeline stages,
-    4 or 8 warps, K and V requested together or not, evict-first loads); page 16. Then SDPA, the default
-    launch and the best three in three interleaved rounds."""
-    import time
-    dev = "cuda"
-    t0 = time.perf_counter()
-    gen = torch.Generator(device=dev).manual_seed(0)
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    rows = []
+    4 or 8 warps, K and V requested together or not, evict-first loads)."""
+    def configs(B, L, H_kv, plan):
+        for splits, bn, nw, ns, early in itertools.product([1, 2], [64, 128, 32], [8, 4], [4, 5, 6, 7, 3],
+                                                           [False, True]):
+            yield dict(num_splits=splits, block_n=bn, num_warps=nw, num_stages=ns, v_early=early,
+                       evict="evict_first")
 
-    def t_of(fns, reps=7):
-        return timing.bench(fns, device=dev, reps=reps, target_ms=0.4).gpu_us.median
+    _launch_search(out_path, [(8, 4096, 8)], configs, budget_s)
 
-    B, L, H_kv = 8, 4096, 8
-    data = [make(B, 32, H_kv, L, 128, 16, dev, gen) for _ in range(timing.rotation(2 * B * L * H_kv * 128 * 2, l2))]
-    ref = da.reference(data[0][0][:2], *data[0][3:6], data[0][6][:2])
-    sdpa = [lambda d=d: F.scaled_dot_product_attention(d[0].unsqueeze(2), d[1], d[2], enable_gqa=True) for d in data]
-    plan_default, default = _checked_plan(data, ref, "paged", {})
-    found = []
-    for splits, bn, nw, ns, early in itertools.product([1, 2], [64, 128, 32], [8, 4], [4, 5, 6, 7, 3], [False, True]):
-        if time.perf_counter() - t0 > budget_s:
-            break
-        kw = dict(num_splits=splits, block_n=bn, num_warps=nw, num_stages=ns, v_early=early, evict="evict_first")
-        try:
-            found.append((t_of(_checked_plan(data, ref, "paged", kw)[1]), kw))
-        except Exception as e:  # a launch the compiler rejects (shared memory)
-            print("failed", kw, type(e).__name__, str(e)[:80], flush=True)
-    rows.append(dict(B=B, L=L, H_kv=H_kv, **_best_three(found, sdpa, default, plan_default, data, ref, t_of,
-                                                      (B, L, H_kv))))
-    _write(rows, out_path)
 
 def sweep_reads(out_path, budget_s=360.0):
     """How fast the bytes of a step can be read at all, against SDPA's whole step, where the kernel on pages
