@@ -127,6 +127,15 @@ def sweep_pages(out_path):
     print((wide.div(base, axis=0)).round(3).to_string())
 
 
+def _timer(target_ms, reps):
+    """The sweeps' GPU timer: the median GPU time (us) of ``fns`` over ``reps`` samples of about
+    ``target_ms`` each, and the L2's size (for ``timing.rotation``)."""
+    def t_of(fns, reps=reps):
+        return timing.bench(fns, device="cuda", reps=reps, target_ms=target_ms).gpu_us.median
+
+    return t_of, torch.cuda.get_device_properties(0).L2_cache_size
+
+
 def _run_pipeline_cfg(data, ref, base, sdpa, rows, bn, nw, ns, pf, splits=None):
     """One configuration of sweep_pipeline: checked against the reference, then timed; None if it fails."""
     q, k, v, kc, vc, bt, lens = data[0]
@@ -359,11 +368,8 @@ def sweep_warps(out_path, budget_s=280.0):
     dev = "cuda"
     t0 = time.perf_counter()
     gen = torch.Generator(device=dev).manual_seed(0)
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    t_of, l2 = _timer(0.4, 7)
     rows = []
-
-    def t_of(fns, reps=7):
-        return timing.bench(fns, device=dev, reps=reps, target_ms=0.4).gpu_us.median
 
     shapes = [(8, 4096, 8), (8, 512, 8), (64, 512, 1), (64, 2048, 1), (8, 4096, 1), (8, 512, 32), (1, 4096, 8),
               (64, 512, 8), (1, 512, 1), (8, 2048, 32), (64, 4096, 1), (1, 16384, 32), (64, 16384, 1), (8, 16384, 1),
@@ -506,11 +512,8 @@ def _launch_search(out_path, shapes, configs_of, budget_s):
     dev = "cuda"
     t0 = time.perf_counter()
     gen = torch.Generator(device=dev).manual_seed(0)
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    t_of, l2 = _timer(0.4, 7)
     rows = []
-
-    def t_of(fns, reps=7):
-        return timing.bench(fns, device=dev, reps=reps, target_ms=0.4).gpu_us.median
 
     for B, L, H_kv in shapes:
         if time.perf_counter() - t0 > budget_s:
