@@ -37,11 +37,11 @@ def test_notebook_structure(path):
     for name in PARAMETERS:
         assert f"\n{name} = " in "\n" + params[0].source, f"the parameters cell sets {name}"
     assert not any("injected-parameters" in tags(c) for c in code), "commit notebooks without papermill's injected cell"
-    # a cell that times this machine's own host (tagged 'host-timing') cannot give the same output twice;
-    # it checks its own claim, and its number appears nowhere else in the outputs
+    # a cell that times this machine's own host (tagged 'host-timing') cannot give the same output twice; it
+    # asserts nothing about the time (a busy machine is slow, not wrong), and its number appears nowhere else
     timing_cells = [c for c in code if "host-timing" in tags(c)]
     for c in timing_cells:
-        assert "nbval-ignore-output" in tags(c) and "claims.report()" in c.source, "a host-timing cell checks its claim"
+        assert "nbval-ignore-output" in tags(c) and "claims." not in c.source, "a host-timing cell claims no duration"
     ignored = [c for c in code if "nbval-ignore-output" in tags(c) and c not in timing_cells]
     assert len(ignored) == 1 and "measure" in tags(ignored[0]), "only the measuring cell escapes nbval"
     assert "measure_or_replay" in ignored[0].source
