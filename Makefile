@@ -70,7 +70,7 @@ test: $(ENV) $(CHROMIUM)
 
 check-html: $(ENV) $(CHROMIUM)
 	$(MAKE) book
-	$(PYTHON) tools/check_html.py _build/html --chromium $(CHROMIUM)
+	$(PYTHON) tools/site/check_html.py _build/html --chromium $(CHROMIUM)
 
 $(CHROMIUM):
 	@command -v apt-get >/dev/null || { echo "$(CHROMIUM) is missing and this is not a Debian system: install \

@@ -1,15 +1,21 @@
-"""The book's shared library: machinery the chapter notebooks import.
+"""The library behind the book: the measuring machinery, the kernels, the ideas, one experiment per chapter.
 
-Each module has one concern and names the chapters that explain it:
+    lib/bench/        machinery every chapter uses: device, timing (GPU and call time, paired rounds),
+                      profile, fit, results (measure or replay), fingerprint (the import closure),
+                      ceilings (chapter 0's), and the book side: claims, glue, plots
+    lib/kernels/      the Triton kernels the book runs: decode_attention (3), grouped_gemm (4),
+                      stream (3, the read-only floor), launch (the planned fast launch they share)
+    lib/costs.py      FLOPs, bytes, intensity and the roofline (1, 2, 3)
+    lib/kv_pool.py    a paged KV pool with reference counts (5, 6)
+    lib/prefix_cache.py   exact reuse of a shared prefix's KV, chained block keys, eviction (5)
+    lib/model.py      a Llama-style decoder with random weights on the paged pool (5, 6)
+    lib/workloads.py  seeded request workloads (5, 6)
+    lib/sidechannel.py    the prefix cache's timing side channel, scored (5)
+    lib/serving/      a serving engine simulated: policy, cost_model, simulate, metrics (6)
+    lib/experiments/  one module per chapter: the sweeps its notebook runs (machine 0, matrix_shapes 1,
+                      roofline 2, kv_cache 3, grouped_gemm 4, prefix_caching 5, batching 6)
 
-- ``lib.device``   which device runs the experiment, its properties and provenance (all chapters)
-- ``lib.timing``   GPU time (CUDA-graph replay) and call time (eager) with median and spread (all)
-- ``lib.compare``  two paths timed in interleaved pairs: their ratio, under drift (3)
-- ``lib.results``  measure-or-replay: the results store, parameter checks, stale detection (all)
-- ``lib.claims``   a chapter's claims, checked on its data, and the table that ends a notebook (all)
-- ``lib.plots``    one plotting style: sizes, log axes, units, device and date in a caption (all)
-- ``lib.ceilings`` the machine's measured ceilings, as chapter 0 derives them (0; read by 1-6)
-- ``lib.glue``     numbers handed from a notebook to the book's prose (all)
-
-Importing ``lib`` imports nothing heavy; torch is imported by the modules that need it.
+Layers: the ideas and the kernels never import the book side of the machinery (claims, glue, plots);
+an experiment imports the ideas, the kernels and the measuring half of ``lib.bench``. Each module's
+docstring names the chapters that explain it. Importing ``lib`` imports nothing heavy.
 """

@@ -99,7 +99,7 @@ class Roofline:
 
     @classmethod
     def from_ceilings(cls, c: dict, launch: str = "graph") -> Roofline:
-        """From lib.ceilings: bf16 rate, copy bandwidth, and the launch cost in a graph or eagerly."""
+        """From lib.bench.ceilings: bf16 rate, copy bandwidth, and the launch cost in a graph or eagerly."""
         if launch not in ("graph", "eager"):
             raise ValueError(f"launch must be 'graph' or 'eager', got {launch!r}")
         return cls(c["bf16_tflops"] * 1e12, c["copy_bw_GBps"] * 1e9, c[f"launch_{launch}_us"] * 1e-6)

@@ -18,7 +18,7 @@ os.environ["BOOK_MODE"] = "replay"
 
 def pytest_terminal_summary(terminalreporter):
     """List results whose measuring code changed since they were measured (make check-fresh)."""
-    from lib import results
+    from lib.bench import results
 
     stale = results.stale_results()
     if stale:
@@ -27,15 +27,13 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{results.show(path)}: {'; '.join(reasons)}")
 
 
-def make_notebook(path: Path, measure_source: str) -> None:
-    """A minimal notebook with one code cell tagged 'measure'."""
+def make_notebook(path: Path, measure_source: str, imports: str = "from lib import helper\n") -> None:
+    """A minimal notebook: an import cell, one code cell tagged 'measure', one that is not."""
+    def cell(i, source, tags=()):
+        return {"cell_type": "code", "execution_count": None, "id": i, "metadata": {"tags": list(tags)},
+                "outputs": [], "source": source}
     nb = {
-        "cells": [
-            {"cell_type": "code", "execution_count": None, "id": "m1", "metadata": {"tags": ["measure"]},
-             "outputs": [], "source": measure_source},
-            {"cell_type": "code", "execution_count": None, "id": "o1", "metadata": {}, "outputs": [],
-             "source": "print('not measured')"},
-        ],
+        "cells": [cell("i1", imports), cell("m1", measure_source, ["measure"]), cell("o1", "print('not measured')")],
         "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
         "nbformat": 4,
         "nbformat_minor": 5,
@@ -46,8 +44,12 @@ def make_notebook(path: Path, measure_source: str) -> None:
 
 @pytest.fixture
 def repo(tmp_path):
-    """A throwaway repository layout: notebooks/exp.ipynb, lib_fake/helper.py, results/."""
-    make_notebook(tmp_path / "notebooks" / "exp.ipynb", "def measure(p):\n    return {'x': p['n'] * 2}\n")
-    (tmp_path / "lib_fake").mkdir()
-    (tmp_path / "lib_fake" / "helper.py").write_text("SCALE = 2\n")
+    """A throwaway repository: notebooks/exp.ipynb, whose measure cell uses lib/helper.py, which imports
+    lib/inner.py; lib/unused.py, which nothing measuring imports; results/."""
+    make_notebook(tmp_path / "notebooks" / "exp.ipynb", "def measure(p, device):\n    return {'x': p['n'] * helper.SCALE}\n")
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "__init__.py").write_text('"""A fake lib."""\n')
+    (tmp_path / "lib" / "helper.py").write_text("from lib import inner\n\nSCALE = inner.TWO\n")
+    (tmp_path / "lib" / "inner.py").write_text("TWO = 2\n")
+    (tmp_path / "lib" / "unused.py").write_text("THREE = 3\n")
     return tmp_path

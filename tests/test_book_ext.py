@@ -1,4 +1,4 @@
-"""tools/book_ext.py: the pinned MathJax copy, and the numbers of the generated pages."""
+"""tools/site/book_ext.py: the pinned MathJax copy, and the numbers of the generated pages."""
 
 import base64
 import hashlib
@@ -7,7 +7,7 @@ import tarfile
 
 import pytest
 
-from tools import book_ext
+from tools.site import book_ext
 
 
 def fake_release(files: dict[str, bytes]) -> bytes:

@@ -1,8 +1,8 @@
-"""lib.ceilings: what chapter 0's data supports, computed on a small synthetic record."""
+"""lib.bench.ceilings: what chapter 0's data supports, computed on a small synthetic record."""
 
 import pytest
 
-from lib import ceilings, results
+from lib.bench import ceilings, results
 
 L2 = 10 << 20  # 10 MiB
 

@@ -1,4 +1,4 @@
-"""tools/check_html.py in headless Chromium, on a small site with one good page and one of every fault.
+"""tools/site/check_html.py in headless Chromium, on a small site with one good page and one of every fault.
 
 `make test` installs Debian's Chromium first and sets BOOK_REQUIRE_BROWSER, so these run in CI; a
 machine without Chromium skips them otherwise.
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import check_html
+from tools.site import check_html
 
 if not Path(check_html.CHROMIUM).exists():
     if os.environ.get("BOOK_REQUIRE_BROWSER"):

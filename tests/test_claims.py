@@ -1,10 +1,10 @@
-"""lib.claims: checks, the table, strict and lenient reports."""
+"""lib.bench.claims: checks, the table, strict and lenient reports."""
 
 import math
 
 import pytest
 
-from lib.claims import Claims, ClaimsFailed
+from lib.bench.claims import Claims, ClaimsFailed
 
 
 def test_check_records_and_returns_the_verdict():
@@ -61,7 +61,7 @@ def test_bad_claims_are_rejected():
 
 
 def test_glue_pastes_the_table_and_the_counts(monkeypatch):
-    from lib import glue
+    from lib.bench import glue
 
     pasted = {}
     monkeypatch.setattr(glue, "_paste", lambda name, value: pasted.__setitem__(name, value))

@@ -1,9 +1,9 @@
-"""lib.device on the CPU: slugs, resolution, properties and provenance."""
+"""lib.bench.device on the CPU: slugs, resolution, properties and provenance."""
 
 import pytest
 import torch
 
-from lib import device
+from lib.bench import device
 
 
 @pytest.mark.parametrize(

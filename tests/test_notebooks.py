@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from lib import results
+from lib.bench import results
 from tests.conftest import ROOT
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb"))

@@ -1,10 +1,10 @@
-"""lib.plots and lib.glue: the shared style's helpers, and what glue accepts."""
+"""lib.bench.plots and lib.bench.glue: the shared style's helpers, and what glue accepts."""
 
 import matplotlib.pyplot as plt
 import pytest
 
-from lib import glue, plots
-from lib.results import Result
+from lib.bench import glue, plots
+from lib.bench.results import Result
 
 
 @pytest.mark.parametrize(

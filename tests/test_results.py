@@ -1,4 +1,4 @@
-"""lib.results: the store, measure-or-replay, parameter checks, stale detection, atomic writes."""
+"""lib.bench.results: the store, measure-or-replay, parameter checks, stale detection, atomic writes."""
 
 from __future__ import annotations
 
@@ -13,28 +13,30 @@ from pathlib import Path
 
 import pytest
 
-from lib import results
-from lib.results import MissingResults, ParameterMismatch, ResultsError, Run
+from lib.bench import fingerprint, results
+from lib.bench.results import MissingResults, ParameterMismatch, ResultsError, Run
 from tests.conftest import ROOT, make_notebook
 
 
-def measure_n(params):
-    return {"x": params["n"] * 2, "values": [0.5, 1.5]}
+def measure_n(params, device):
+    return {"x": params["n"] * 2, "values": [0.5, 1.5], "device": device}
 
 
 def run(repo, mode, **kw):
     kw.setdefault("device", "cpu")
-    return Run("exp", mode=mode, root=repo, code=["lib_fake/helper.py"], **kw)
+    return Run("exp", mode=mode, root=repo, **kw)
 
 
 def test_measure_then_replay_round_trip(repo):
     measured = run(repo, "measure").measure_or_replay({"n": 21}, measure_n)
-    assert measured.measured and measured.data == {"x": 42, "values": [0.5, 1.5]}
+    assert measured.measured and measured.data == {"x": 42, "values": [0.5, 1.5], "device": "cpu"}
     path = repo / "results" / "cpu" / "exp.json"
     assert path.exists() and measured.path == path
     rec = json.loads(path.read_text())
     assert rec["params"] == {"size": "smoke", "n": 21}
-    assert set(rec["code"]["sources"]) == {"notebooks/exp.ipynb#measure", "lib_fake/helper.py"}
+    assert set(rec["code"]["sources"]) == {"notebooks/exp.ipynb#measure", "lib/__init__.py", "lib/helper.py",
+                                           "lib/inner.py"}
+    assert rec["code"]["roots"] == ["lib.helper"]
     assert 0 <= rec["elapsed_s"] < 60
     for key in ("name", "slug", "torch", "python", "date", "commit", "numpy"):
         assert key in rec["provenance"]
@@ -49,7 +51,7 @@ def test_measure_then_replay_round_trip(repo):
 def test_replay_of_the_reference_set_is_strict(repo):
     results.write(repo / "results" / results.REFERENCE / "exp.json", {
         "schema": results.SCHEMA, "notebook": "exp", "params": {"size": "full", "n": 1},
-        "code": results.fingerprint(["notebooks/exp.ipynb#measure"], repo),
+        "code": fingerprint.fingerprint("exp", repo),
         "provenance": {"name": "GPU", "kind": "cuda", "date": "2026-01-01T00:00:00Z"}, "data": {"x": 2},
     })
     r = Run("exp", mode="replay", root=repo)
@@ -79,16 +81,21 @@ def test_changed_experiment_is_reported_stale(repo, capsys):
     path = repo / "results" / "cpu" / "exp.json"
     assert results.stale_results(repo / "results", repo) == []
 
-    # a cell that is not tagged 'measure' may change freely
+    # a cell that is not tagged 'measure' may change freely, and so may a module nothing measuring imports
     nb = json.loads((repo / "notebooks" / "exp.ipynb").read_text())
-    nb["cells"][1]["source"] = "print('changed, but not measuring code')"
+    nb["cells"][2]["source"] = "print('changed, but not measuring code')"
     (repo / "notebooks" / "exp.ipynb").write_text(json.dumps(nb))
+    (repo / "lib" / "unused.py").write_text("THREE = 4\n")
     assert results.stale_reasons(results.read(path), repo) == []
 
-    make_notebook(repo / "notebooks" / "exp.ipynb", "def measure(p):\n    return {'x': p['n'] * 3}\n")
-    (repo / "lib_fake" / "helper.py").write_text("SCALE = 3\n")
+    # a module imported by a module the measure cell uses: found from the imports, never listed
+    (repo / "lib" / "inner.py").write_text("TWO = 3\n")
+    assert results.stale_reasons(results.read(path), repo) == ["lib/inner.py changed"]
+    make_notebook(repo / "notebooks" / "exp.ipynb", "def measure(p, device):\n    return {'x': p['n'] * 3}\n")
     reasons = results.stale_reasons(results.read(path), repo)
-    assert reasons == ["notebooks/exp.ipynb#measure changed", "lib_fake/helper.py changed"]
+    assert reasons == ["notebooks/exp.ipynb#measure changed", "lib/__init__.py is no longer part of the measuring code",
+                       "lib/helper.py is no longer part of the measuring code",
+                       "lib/inner.py is no longer part of the measuring code"]
     assert results.stale_results(repo / "results", repo) == [(path, reasons)]
 
     capsys.readouterr()
@@ -97,37 +104,42 @@ def test_changed_experiment_is_reported_stale(repo, capsys):
     assert res.stale == reasons
     assert err.startswith("WARNING:") and "is stale" in err and "notebooks/exp.ipynb#measure changed" in err
 
-    (repo / "lib_fake" / "helper.py").unlink()
-    assert "lib_fake/helper.py is gone or unreadable" in results.stale_reasons(results.read(path), repo)
+
+def test_a_new_dependency_makes_results_stale(repo):
+    run(repo, "measure").measure_or_replay({"n": 21}, measure_n)
+    rec = results.read(repo / "results" / "cpu" / "exp.json")
+    (repo / "lib" / "inner.py").write_text("from lib import unused\n\nTWO = 2\n")
+    assert results.stale_reasons(rec, repo) == ["lib/inner.py changed", "lib/unused.py is new to the measuring code"]
 
 
 def test_documentation_edits_leave_results_fresh(repo):
-    """Docstrings, comment lines and blank lines of a lib module do not count; code does, and so does every
-    character of a record fingerprinted before schemes had names ("text")."""
+    """Docstrings, comments (whole-line and trailing) and blank lines of a lib module or of a measure cell do
+    not count; code does; a record of an older scheme (files listed by hand) is stale."""
     run(repo, "measure").measure_or_replay({"n": 21}, measure_n)
-    path = repo / "results" / "cpu" / "exp.json"
-    rec = results.read(path)
-    assert rec["code"]["scheme"] == results.SCHEME == "code"
-    helper = repo / "lib_fake" / "helper.py"
+    rec = results.read(repo / "results" / "cpu" / "exp.json")
+    assert rec["code"]["scheme"] == fingerprint.SCHEME == "closure"
+    helper = repo / "lib" / "helper.py"
     code = helper.read_text()
-    helper.write_text('"""A module docstring,\nover two lines."""\n\n# a comment\n' + code.replace("\n", "\n\n", 1))
+    helper.write_text('"""A module docstring,\nover two lines."""\n\n# a comment\n'
+                      + code.replace("\n", "  # why\n\n", 1))
+    make_notebook(repo / "notebooks" / "exp.ipynb",
+                  "def measure(p, device):\n    \"\"\"Doc.\"\"\"\n    # twice\n    return {'x': p['n'] * helper.SCALE}\n")
     assert results.stale_reasons(rec, repo) == []
-    old = dict(rec, code={"fingerprint": "", "sources": {"lib_fake/helper.py": results._sha(code)}})  # no scheme
-    assert results.stale_reasons(old, repo) == ["lib_fake/helper.py changed"]
     helper.write_text(code + "\nEXTRA = 1\n")
-    assert results.stale_reasons(rec, repo) == ["lib_fake/helper.py changed"]
-    assert "unknown to this checkout" in results.stale_reasons(dict(rec, code={**rec["code"], "scheme": "v9"}), repo)[0]
+    assert results.stale_reasons(rec, repo) == ["lib/helper.py changed"]
+    old = dict(rec, code={"fingerprint": "", "sources": {"lib/helper.py": "0" * 64}, "scheme": "code"})
+    assert "older scheme" in results.stale_reasons(old, repo)[0]
 
 
 def test_check_fresh_command_lists_stale_results(repo):
     run(repo, "measure").measure_or_replay({"n": 1}, measure_n)
-    rec = results.read(repo / "results" / "cpu" / "exp.json")
-    # the command checks sources against this repository: point a copy of the record at a file here
-    rec["code"]["sources"] = {"lib/timing.py": "0" * 64}
-    results.write(repo / "results" / "cpu" / "exp.json", rec)
-    out = subprocess.run([sys.executable, str(ROOT / "tools" / "book.py"), "check-fresh", "--results-dir",
-                          str(repo / "results")], capture_output=True, text=True)
-    assert out.returncode == 1 and "stale:" in out.stdout and "lib/timing.py changed" in out.stdout
+    cmd = [sys.executable, str(ROOT / "tools" / "book.py"), "check-fresh", "--results-dir", str(repo / "results"),
+           "--root", str(repo)]
+    fresh = subprocess.run(cmd, capture_output=True, text=True)
+    assert fresh.returncode == 0 and "all results are fresh" in fresh.stdout
+    (repo / "lib" / "inner.py").write_text("TWO = 5\n")
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    assert out.returncode == 1 and "stale: results/cpu/exp.json: lib/inner.py changed" in out.stdout
 
 
 def test_damaged_files_give_clear_errors(repo):
@@ -150,8 +162,6 @@ def test_bad_arguments(repo):
         Run("nope", mode="measure", root=repo)
     with pytest.raises(TypeError, match="JSON-serializable"):
         run(repo, "measure").measure_or_replay({"n": object()}, measure_n)
-    with pytest.raises(ValueError, match="outside the repository"):
-        Run("exp", mode="measure", device="cpu", root=repo, code=[results])
 
 
 def test_measuring_on_a_missing_gpu_fails_clearly(repo):
@@ -175,7 +185,7 @@ def test_failed_write_keeps_the_old_file(tmp_path):
 WRITER = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, {root!r})
-    from lib import results
+    from lib.bench import fingerprint, results
     real_fsync = os.fsync
     def stuck_fsync(fd):  # the new data is in the temporary file: say so, then hang here
         open({marker!r}, "w").close()

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lib import serving, workloads
+from lib.bench import fit
 
 CEIL = {"bf16_tflops": 792.0, "copy_bw_GBps": 4244.0}
 COST = serving.CostModel.llama3_8b(CEIL, overhead_s=2e-4)
@@ -106,10 +107,10 @@ def test_percentiles_and_summary():
 
 
 def test_measured_cost_model_interpolates_and_fits():
-    a, b = serving.fit_line([0, 1, 2, 3], [1, 3, 5, 7])
+    a, b = fit.fit_line([0, 1, 2, 3], [1, 3, 5, 7])
     assert (a, b) == (1.0, 2.0)
     with pytest.raises(ValueError):
-        serving.fit_line([1], [1])
+        fit.fit_line([1], [1])
     m = serving.MeasuredCostModel(m_points=(1, 100), linear_s=(1e-3, 1e-1), layers=2, attn_fixed_s=1e-5,
                                   attn_BW_Bps=1e12, attn_flops_per_token_ctx=100.0, P_flops=1e12, kv_bytes_per_token=2e3)
     assert m.linear(1) == 1e-3 and m.linear(100) == pytest.approx(1e-1)

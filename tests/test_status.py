@@ -1,12 +1,13 @@
-"""lib.status: the status page's rows and the devices page's headline numbers."""
+"""tools.site.status: the status page's rows and the devices page's headline numbers."""
 
 import json
 import shutil
 
 import pytest
 
-from lib import results, status
+from lib.bench import results
 from tests.conftest import ROOT
+from tools.site import status
 
 
 def notebook_with(path, values: dict):

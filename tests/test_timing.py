@@ -1,11 +1,11 @@
-"""lib.timing on the CPU: statistics, rotation, and the benchmark's CPU path."""
+"""lib.bench.timing on the CPU: statistics, rotation, and the benchmark's CPU path."""
 
 import time
 
 import pytest
 
-from lib import timing
-from lib.timing import Stats, Timing
+from lib.bench import timing
+from lib.bench.timing import Stats, Timing
 
 
 def test_stats_of_known_samples():

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from lib import results  # noqa: E402
+from lib.bench import results  # noqa: E402
 
 VOLATILE = ("papermill", "execution")
 
@@ -64,7 +64,7 @@ def run(args) -> int:
         params["results_dir"] = str(Path(args.results_dir).resolve())
     # The kernels import lib from this checkout, installed or not (a GPU node with its own python).
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    from lib import status
+    from tools.site import status
 
     names = args.notebooks or status.chapter_notebooks(ROOT)
     notebooks = [ROOT / "notebooks" / f"{n}.ipynb" for n in names]
@@ -91,9 +91,11 @@ def run(args) -> int:
 
 
 def check_fresh(args) -> int:
-    stale = results.stale_results(args.results_dir)
+    root = Path(args.root).resolve() if args.root else ROOT
+    base = Path(args.results_dir) if args.results_dir else root / "results"
+    stale = results.stale_results(base, root)
     for path, reasons in stale:
-        print(f"stale: {results.show(path)}: {'; '.join(reasons)}")
+        print(f"stale: {results.show(path, root)}: {'; '.join(reasons)}")
     if not stale:
         print("all results are fresh: every results file matches the code that produced it")
     return 1 if stale else 0
@@ -102,7 +104,7 @@ def check_fresh(args) -> int:
 def devices(args) -> int:
     """Replay each device's results (other than the reference) into _build/devices/<slug>/, where the
     book's devices page finds the numbers the notebooks glue."""
-    from lib import status
+    from tools.site import status
 
     others = [s for s in status.devices(args.results_dir) if s != results.REFERENCE]
     if not others:
@@ -133,6 +135,7 @@ def main(argv=None) -> int:
     r.add_argument("--no-progress", action="store_true")
     c = sub.add_parser("check-fresh", help="list results whose code changed since they were measured")
     c.add_argument("--results-dir", default=None)
+    c.add_argument("--root", default=None, help="the repository whose code is checked (default: this one)")
     d = sub.add_parser("devices", help="replay every other device's results for the devices page")
     d.add_argument("--results-dir", default=None)
     d.add_argument("--output-dir", default=None, help="where the replayed notebooks go (default: _build/devices)")

@@ -31,161 +31,14 @@ their SLOs); per request, the time queued, in prefill and in decode.
 Chapters: 6.
 """
 
+
 from __future__ import annotations
 
 import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from lib import costs
-
-
-@dataclass(frozen=True)
-class CostModel:
-    """Seconds per engine step from what the step does.
-
-    step = overhead + max(weight_bytes / BW, 2 params M / P)       (the layer stack, M tokens)
-                    + attn_flops * sum(prefill tokens x their context) / P
-                    + kv_bytes * (tokens of KV the decoding requests read) / BW
-    """
-
-    overhead_s: float
-    weight_bytes: float
-    params: float
-    P_flops: float
-    BW_Bps: float
-    attn_flops_per_token_ctx: float  # 4 layers heads head_dim
-    kv_bytes_per_token: float  # 2 layers H_kv head_dim b
-
-    @classmethod
-    def llama3_8b(cls, c: dict, overhead_s: float = 0.0) -> CostModel:
-        """From chapter 0's ceilings (``lib.ceilings``) and Llama-3-8B's shapes in bf16."""
-        m = costs.LLAMA3_8B
-        params = m["layers"] * sum(k * n for k, n in m["linears"].values()) + m["vocab"] * m["hidden"]
-        return cls(overhead_s=overhead_s, weight_bytes=2 * params, params=params, P_flops=c["bf16_tflops"] * 1e12,
-                   BW_Bps=c["copy_bw_GBps"] * 1e9,
-                   attn_flops_per_token_ctx=4 * m["layers"] * m["heads"] * m["head_dim"],
-                   kv_bytes_per_token=costs.kv_cache_bytes(m["layers"], 1, 1, m["kv_heads"], m["head_dim"], 2))
-
-    def step(self, tokens: int, prefill_ctx_work: float, decode_kv_tokens: int) -> float:
-        if tokens <= 0:
-            return 0.0
-        linear = max(self.weight_bytes / self.BW_Bps, 2 * self.params * tokens / self.P_flops)
-        return (self.overhead_s + linear + self.attn_flops_per_token_ctx * prefill_ctx_work / self.P_flops
-                + self.kv_bytes_per_token * decode_kv_tokens / self.BW_Bps)
-
-
-@dataclass(frozen=True)
-class MeasuredCostModel:
-    """Seconds per engine step from measured pieces of one model:
-
-    step = overhead + linear(M)                       (the whole layer stack at M tokens: interpolated, log-log)
-                    + attn_flops * sum(prefill tokens x their context) / P
-                    + layers * (attn_fixed + kv_bytes * (KV tokens the decoding requests read) / attn_BW)
-
-    ``linear`` comes from measured GEMM times (chapter 1), the decode attention terms from a fit of
-    measured decode-attention kernels (chapter 3); prefill attention, not measured, uses the bf16 rate.
-    """
-
-    m_points: tuple
-    linear_s: tuple
-    layers: int
-    attn_fixed_s: float
-    attn_BW_Bps: float
-    attn_flops_per_token_ctx: float
-    P_flops: float
-    kv_bytes_per_token: float  # all layers
-    overhead_s: float = 0.0
-
-    @classmethod
-    def fitted(cls, m_points, linear_s, prefill_s_per_work: float, decode_fixed_s: float,
-               decode_s_per_kv_token: float, overhead_s: float = 0.0) -> MeasuredCostModel:
-        """From a model measured whole: its forward time at M tokens with no context (``linear_s`` at
-        ``m_points``), seconds per unit of prefill attention work (new tokens x their context), and a
-        decode step's extra cost: fixed, plus per token of KV read."""
-        if len(m_points) != len(linear_s) or len(m_points) < 2 or list(m_points) != sorted(m_points):
-            raise ValueError("need at least two increasing m_points, one time for each")
-        if not all(t > 0 and math.isfinite(t) for t in linear_s):
-            raise ValueError(f"every forward time must be positive and finite, got {list(linear_s)}")
-        costs = {"prefill_s_per_work": prefill_s_per_work, "decode_fixed_s": decode_fixed_s,
-                 "decode_s_per_kv_token": decode_s_per_kv_token, "overhead_s": overhead_s}
-        bad = {k: v for k, v in costs.items() if not (v >= 0 and math.isfinite(v))}
-        if bad:
-            raise ValueError(f"costs must be finite and >= 0, got {bad}: a negative slope fitted from timings means "
-                             f"their noise exceeds the effect; take it as 0 or measure larger sizes")
-        return cls(m_points=tuple(m_points), linear_s=tuple(linear_s), layers=1, attn_fixed_s=decode_fixed_s,
-                   attn_BW_Bps=1.0 / decode_s_per_kv_token if decode_s_per_kv_token else math.inf,
-                   attn_flops_per_token_ctx=prefill_s_per_work, P_flops=1.0, kv_bytes_per_token=1.0,
-                   overhead_s=overhead_s)
-
-    def linear(self, m: int) -> float:
-        ms, ts = self.m_points, self.linear_s
-        if m <= ms[0]:
-            return ts[0]
-        if m >= ms[-1]:
-            return ts[-1] * m / ms[-1]  # beyond the table: compute-bound, linear in M
-        i = next(j for j in range(1, len(ms)) if ms[j] >= m)
-        f = (math.log(m) - math.log(ms[i - 1])) / (math.log(ms[i]) - math.log(ms[i - 1]))
-        return math.exp(math.log(ts[i - 1]) + f * (math.log(ts[i]) - math.log(ts[i - 1])))
-
-    def step(self, tokens: int, prefill_ctx_work: float, decode_kv_tokens: int) -> float:
-        if tokens <= 0:
-            return 0.0
-        attn = self.layers * (self.attn_fixed_s + self.kv_bytes_per_token / self.layers * decode_kv_tokens
-                              / self.attn_BW_Bps) if decode_kv_tokens else 0.0
-        return (self.overhead_s + self.linear(tokens) + self.attn_flops_per_token_ctx * prefill_ctx_work / self.P_flops
-                + attn)
-
-
-def fit_line(xs, ys) -> tuple[float, float]:
-    """Least squares y = a + b x; returns (a, b)."""
-    n = len(xs)
-    if n < 2:
-        raise ValueError("fit_line needs at least two points")
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    return my - b * mx, b
-
-
-@dataclass(frozen=True)
-class Bucket:
-    name: str
-    max_input: int  # prompts up to this many tokens (the last bucket should take the rest)
-    priority: int = 0  # lower is admitted first
-    max_running: int | None = None
-    max_wait: float | None = None  # this bucket's batching window (None: the policy's max_wait)
-
-
-@dataclass(frozen=True)
-class Policy:
-    kind: str = "continuous"
-    max_batch: int = 32
-    max_wait: float = 0.0
-    max_running: int = 256
-    token_budget: int = 8192
-    chunk: int | None = None
-    buckets: tuple[Bucket, ...] = ()
-    kv_capacity: int | None = None
-    prefill_first: bool = False  # steps with prefill work run no decode (prefill pre-empts decode)
-
-    def check(self) -> None:
-        if self.kind not in ("static", "dynamic", "continuous"):
-            raise ValueError(f"kind must be 'static', 'dynamic' or 'continuous', got {self.kind!r}")
-        if self.max_batch < 1 or self.max_running < 1 or self.token_budget < 1 or self.max_wait < 0:
-            raise ValueError("max_batch, max_running and token_budget must be >= 1 and max_wait >= 0")
-        if self.chunk is not None and self.chunk < 1:
-            raise ValueError(f"chunk must be >= 1 tokens or None, got {self.chunk}")
-        if self.buckets and self.kind != "continuous":
-            raise ValueError("buckets need the continuous policy")
-        if self.buckets and sorted(b.max_input for b in self.buckets) != [b.max_input for b in self.buckets]:
-            raise ValueError("buckets must be listed by increasing max_input")
-        if any(b.max_running is not None and b.max_running < 1 for b in self.buckets):
-            raise ValueError("a bucket's max_running must be at least 1 (or None)")
-        if any(b.max_wait is not None and b.max_wait < 0 for b in self.buckets):
-            raise ValueError("a bucket's max_wait must be >= 0 s (or None)")
-        if self.kv_capacity is not None and self.kv_capacity < 1:
-            raise ValueError("kv_capacity must be a positive number of tokens or None")
+from lib.serving.policy import Policy
 
 
 @dataclass
@@ -208,7 +61,7 @@ class _Req:
     token_times: list = field(default_factory=list)
 
 
-def simulate(reqs, cost: CostModel, policy: Policy) -> list[dict]:
+def simulate(reqs, cost, policy: Policy) -> list[dict]:
     """Run the requests ({"id", "arrival", "kind", "input", "output"}) through the engine; one result per
     request, in id order. Deterministic: the same input gives the same output."""
     policy.check()
@@ -395,43 +248,4 @@ def simulate(reqs, cost: CostModel, policy: Policy) -> list[dict]:
                     "itl_max": max(itl) if itl else math.nan, "queue": x.first_admitted - x.arrival,
                     "prefill": x.prefill_time, "decode": x.finish - x.first_token, "preemptions": x.preemptions,
                     "tokens": x.generated})
-    return out
-
-
-def percentile(xs, p: float) -> float:
-    """The p-th percentile (0-100) by linear interpolation, as numpy's default."""
-    v = sorted(x for x in xs if not math.isnan(x))
-    if not v:
-        return math.nan
-    k = (len(v) - 1) * p / 100
-    lo, hi = math.floor(k), math.ceil(k)
-    return v[lo] + (v[hi] - v[lo]) * (k - lo)
-
-
-def _span(results: list[dict]) -> float:
-    """Seconds from the first arrival to the last finish: the denominator of every tokens/s."""
-    return max(r["arrival"] + r["e2e"] for r in results) - min(r["arrival"] for r in results)
-
-
-def goodput(results: list[dict], ttft_slo: float, tpot_slo: float, kind: str | None = None) -> float:
-    """Output tokens per second of the requests that met both SLOs (TTFT and TPOT, in seconds), over the
-    span of the whole run: the throughput that counts for users."""
-    if ttft_slo <= 0 or tpot_slo <= 0:
-        raise ValueError(f"SLOs must be positive seconds, got TTFT {ttft_slo} and TPOT {tpot_slo}")
-    span = _span(results)
-    good = sum(r["tokens"] for r in results if (kind is None or r["kind"] == kind) and r["ttft"] <= ttft_slo
-               and (math.isnan(r["tpot"]) or r["tpot"] <= tpot_slo))
-    return good / span if span > 0 else math.nan
-
-
-def summary(results: list[dict], kind: str | None = None) -> dict:
-    """TTFT, TPOT and E2E percentiles and output tokens per second, over all requests or one kind."""
-    rs = [r for r in results if kind is None or r["kind"] == kind]
-    if not rs:
-        return {}
-    span = _span(results)
-    out = {"requests": len(rs), "tokens_per_s": sum(r["tokens"] for r in rs) / span if span > 0 else math.nan}
-    for m in ("ttft", "tpot", "e2e", "queue"):
-        for p in (50, 95, 99):
-            out[f"{m}_p{p}"] = percentile([r[m] for r in rs], p)
     return out

@@ -1,8 +1,8 @@
 """Check and time the decode-attention kernel's variants on a GPU; prints one table.
 
-    python tools/tune_decode_attention.py [--out results.json]
+    python tools/tuning/tune_decode_attention.py [--out results.json]
 
-For each shape: correctness in bf16 against a float32 reference, then GPU time and call time (lib.timing)
+For each shape: correctness in bf16 against a float32 reference, then GPU time and call time (lib.bench.timing)
 of torch SDPA on a dense cache, of a kernel that only reads the same bytes (the best this access can
 do), and of the decode kernel over launch parameters, with the L2 defeated. At the seed's shape the
 search is staged: tile, warps and pipeline depth first, then splits and the loads' cache policy around
@@ -17,14 +17,14 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from lib import profile, timing  # noqa: E402
+from lib.bench import profile, timing  # noqa: E402
 from lib.kernels import decode_attention as da  # noqa: E402
 from lib.kernels import stream  # noqa: E402
 
@@ -590,7 +590,7 @@ def sweep_reads(out_path, budget_s=360.0):
     Rows are written after every shape; the sweep stops cleanly when ``budget_s`` runs out."""
     import time
 
-    from lib import compare
+    from lib.bench import timing
     dev = "cuda"
     t_start = time.perf_counter()
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -639,7 +639,7 @@ def sweep_reads(out_path, budget_s=360.0):
                  "read paged 16, best": reads("paged", *best["paged"]),
                  "read contiguous, best": reads("contiguous", *best["contiguous"])}
         res, med = _rounds(paths, lambda f: t_of(f, reps=9))
-        pr = compare.paired(sdpa, paths["read paged 16, best"], device=dev, pairs=11, target_ms=1.0)
+        pr = timing.paired(sdpa, paths["read paged 16, best"], device=dev, pairs=11, target_ms=1.0)
         rows.append(dict(B=B, H_kv=H_kv, L=L, bytes=nbytes, found={k: [(t, list(c)) for t, c in v] for k, v in found_all.items()},
                          best={k: list(v) for k, v in best.items()}, rounds=res, median=med,
                          read_paged_over_sdpa_pairs=pr.to_dict(),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lib import results
+from lib.bench import results
 
 NOTEBOOK = "00-the-machine"
 HBM_FACTOR = 4  # a buffer this many times the L2 is served by HBM

@@ -1,4 +1,5 @@
-"""Timing: two numbers for every timed call, GPU time and call time, each a median with its spread.
+"""Timing: two numbers for every timed call, GPU time and call time, each a median with its spread;
+and two paths timed in interleaved pairs, for their ratio under drift.
 
 - GPU time: the calls are captured into a CUDA graph and the graph is replayed; CUDA events around
   each replay, divided by the calls it holds, give the time the GPU spends per call without the
@@ -12,10 +13,17 @@ tiny op both ways; chapter 3 shows it at a decode-attention shape); for long ker
 When the question is HBM bandwidth, pass several callables bound to different buffers whose total
 is several times the L2 (``rotation``): consecutive calls then find nothing useful in the L2.
 
-On the CPU (smoke runs) both numbers come from the wall clock: ``gpu_us`` from blocks of calls,
-``call_us`` from single calls, and ``method`` says so.
+Timed one after the other, two paths a few percent apart can trade places: the GPU's clocks and the
+memory's state drift over seconds, and each timing catches the drift of its own moment. ``paired``
+takes samples of the two in alternation (a, b, then b, a, ...), each sample a CUDA-graph replay of
+enough calls to last about ``target_ms``, and keeps the ratio of every adjacent pair: drift slower than
+a pair falls on both alike. The median ratio and its spread answer "how much slower is b".
 
-Chapters: 0 explains the two numbers; 1-6 use ``bench`` for every timing they report.
+On the CPU (smoke runs) every number comes from the host's clock (``_now``): ``gpu_us`` from blocks of
+calls, ``call_us`` from single calls, pairs from blocks, and ``method`` says so.
+
+Chapters: 0 explains the two numbers; 1-6 use ``bench`` for every timing they report; 3 and 4 compare
+paths with ``paired``.
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+
+_now = time.perf_counter  # the CPU path's clock (seconds); tests replace it with a clock of their own
 
 
 @dataclass(frozen=True)
@@ -161,72 +171,145 @@ def bench(
 
 def _bench_cpu(fns, reps, warmup, target_ms, max_calls) -> Timing:
     nbuf = len(fns)
-    for _ in range(warmup):
-        for f in fns:
-            f()
-    t0 = time.perf_counter()
-    for f in fns:
-        f()
-    est_us = (time.perf_counter() - t0) * 1e6 / nbuf
-    n = _calls_per_sample(est_us, nbuf, target_ms, max_calls)
-    block, single = [], []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for i in range(n):
-            fns[i % nbuf]()
-        block.append((time.perf_counter() - t0) * 1e6 / n)
-    for r in range(reps):
-        f = fns[r % nbuf]
-        t0 = time.perf_counter()
-        f()
-        single.append((time.perf_counter() - t0) * 1e6)
+    run_a, n = _block(fns, warmup, target_ms, max_calls)
+    block = [_wall_us(run_a) / n for _ in range(reps)]
+    single = [_wall_us(fns[r % nbuf]) for r in range(reps)]
     return Timing(Stats.of(block), Stats.of(single), n, nbuf, "cpu-wall")
 
 
 def _bench_cuda(fns, reps, warmup, target_ms, max_calls) -> Timing:
+    _warm_cuda(fns, warmup)
+    replay, n = _graph(fns, target_ms, max_calls)
+    gpu = [_cuda_us(replay) / n for _ in range(reps)]
+
+    def eager():
+        for i in range(n):
+            fns[i % len(fns)]()
+
+    eager()
+    call = [_cuda_us(eager) / n for _ in range(reps)]
+    return Timing(Stats.of(gpu), Stats.of(call), n, len(fns), "cuda-graph/eager")
+
+
+# ---------------------------------------------------------------------------- the clocks and the runs they time
+
+def _wall_us(run) -> float:
+    """Microseconds one call of ``run`` takes on the host's clock."""
+    t0 = _now()
+    run()
+    return (_now() - t0) * 1e6
+
+
+def _cuda_us(run) -> float:
+    """Microseconds of GPU time between CUDA events recorded around one call of ``run``."""
     import torch
 
-    nbuf = len(fns)
-    # Warm up on a side stream, as graph capture requires (allocator, cuBLAS handles, autotuning).
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3
+
+
+def _one_round(fns):
+    def run():
+        for f in fns:
+            f()
+    return run
+
+
+def _block(fns, warmup, target_ms, max_calls):
+    """(a callable running ``n`` calls in turn over ``fns``, n): enough calls to last about target_ms of
+    host time, after ``warmup`` rounds; one round estimates the time per call."""
+    for _ in range(warmup):
+        _one_round(fns)()
+    n = _calls_per_sample(_wall_us(_one_round(fns)) / len(fns), len(fns), target_ms, max_calls)
+
+    def block():
+        for i in range(n):
+            fns[i % len(fns)]()
+    return block, n
+
+
+def _warm_cuda(fns, warmup):
+    """Warm up on a side stream, as graph capture requires (allocator, cuBLAS handles, compilation)."""
+    import torch
+
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(max(warmup, 1)):
-            for f in fns:
-                f()
+            _one_round(fns)()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
 
-    def timed(run, k):
-        start = [torch.cuda.Event(enable_timing=True) for _ in range(k)]
-        end = [torch.cuda.Event(enable_timing=True) for _ in range(k)]
-        for i in range(k):
-            start[i].record()
-            run()
-            end[i].record()
-        torch.cuda.synchronize()
-        return [s.elapsed_time(e) * 1e3 for s, e in zip(start, end)]
 
-    def one_round():
-        for f in fns:
-            f()
+def _graph(fns, target_ms, max_calls):
+    """(the replay of a CUDA graph of ``n`` calls in turn over ``fns``, n): enough calls to last about
+    target_ms of GPU time, a whole number of rotations; the best of three rounds estimates one call."""
+    import torch
 
-    est_us = min(timed(one_round, 3)) / nbuf
-    n = _calls_per_sample(est_us, nbuf, target_ms, max_calls)
-
+    est_us = min(_cuda_us(_one_round(fns)) for _ in range(3)) / len(fns)
+    n = _calls_per_sample(est_us, len(fns), target_ms, max_calls)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for i in range(n):
-            fns[i % nbuf]()
+            fns[i % len(fns)]()
     graph.replay()
     torch.cuda.synchronize()
-    gpu = [t / n for t in timed(graph.replay, reps)]
-    del graph
+    return graph.replay, n
 
-    def eager():
-        for i in range(n):
-            fns[i % nbuf]()
 
-    eager()
-    call = [t / n for t in timed(eager, reps)]
-    return Timing(Stats.of(gpu), Stats.of(call), n, nbuf, "cuda-graph/eager")
+# ---------------------------------------------------------------------------- two paths in pairs
+
+@dataclass(frozen=True)
+class Paired:
+    """Per-call GPU times of paths a and b from samples taken in alternation, and b / a pair by pair."""
+
+    a_us: Stats
+    b_us: Stats
+    ratio: Stats  # b over a, one value per adjacent pair of samples
+    calls_per_sample: tuple[int, int]
+    method: str  # "cuda-graph pairs" on a GPU, "cpu-wall pairs" on the CPU
+
+    def to_dict(self) -> dict:
+        return {"a_us": self.a_us.to_dict(), "b_us": self.b_us.to_dict(), "ratio": self.ratio.to_dict(),
+                "calls_per_sample": list(self.calls_per_sample), "method": self.method}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Paired:
+        return cls(Stats.from_dict(d["a_us"]), Stats.from_dict(d["b_us"]), Stats.from_dict(d["ratio"]),
+                   tuple(d["calls_per_sample"]), d["method"])
+
+
+def paired(
+    fns_a: Callable[[], object] | Sequence[Callable[[], object]],
+    fns_b: Callable[[], object] | Sequence[Callable[[], object]],
+    *,
+    device: str = "cuda",
+    pairs: int = 15,
+    warmup: int = 3,
+    target_ms: float = 1.0,
+    max_calls: int = 2000,
+) -> Paired:
+    """Time path a and path b (each one callable, or several bound to different buffers, used in turn, as
+    for ``bench``) in ``pairs`` alternating pairs of samples; the order within a pair alternates too, so
+    neither path always goes first."""
+    if not (isinstance(pairs, int) and pairs >= 1):
+        raise ValueError(f"pairs must be an int >= 1 (samples of each path), got {pairs!r}")
+    fns_a = _check_args(fns_a, device, pairs, warmup, target_ms, max_calls)
+    fns_b = _check_args(fns_b, device, pairs, warmup, target_ms, max_calls)
+    if device == "cuda":
+        _warm_cuda([*fns_a, *fns_b], warmup)
+        (run_a, n_a), (run_b, n_b) = (_graph(fns, target_ms, max_calls) for fns in (fns_a, fns_b))
+        clock, method = _cuda_us, "cuda-graph pairs"
+    else:
+        (run_a, n_a), (run_b, n_b) = (_block(fns, warmup, target_ms, max_calls) for fns in (fns_a, fns_b))
+        clock, method = _wall_us, "cpu-wall pairs"
+    a, b = [], []
+    for i in range(pairs):
+        order = [(run_a, n_a, a), (run_b, n_b, b)]
+        for run, n, samples in (order if i % 2 == 0 else order[::-1]):
+            samples.append(clock(run) / n)
+    return Paired(Stats.of(a), Stats.of(b), Stats.of([y / x for x, y in zip(a, b)]), (n_a, n_b), method)

@@ -5,7 +5,7 @@
   builds); its files are copied into ``_static/mathjax/`` of every build. A site so built renders its
   math opened over file:// or from a local HTTP server, with no network.
 - ``{book-status}``: for each chapter, the device, date, commit and library versions of its reference
-  measurement, whether it is fresh, and its claims held (``lib.status``).
+  measurement, whether it is fresh, and its claims held (``tools.site.status``).
 - ``{book-devices}``: every chapter's headline numbers on every device in results/, side by side.
 - ``{glue:figure}`` with ``:doc:``: a chapter page pastes its notebook's figure or table inside a
   numbered, captioned figure that the prose can reference (myst-nb's own directive reads only the
@@ -24,7 +24,7 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MATHJAX_VERSION = "3.2.2"
 MATHJAX_URL = f"https://registry.npmjs.org/mathjax/-/mathjax-{MATHJAX_VERSION}.tgz"
 MATHJAX_SHA512 = "Bt+SSVU8eBG27zChVewOicYs7Xsdt40qm4+UpHyX7k0/O9NliPc+x77k1/FEsPsjKPZGJvtRZM1vO+geW0OhGw=="
@@ -149,10 +149,10 @@ def _directives():
     from sphinx.util.docutils import SphinxDirective
 
     class BookStatus(SphinxDirective):
-        """The status table of every chapter (lib.status.status_rows)."""
+        """The status table of every chapter (status.status_rows)."""
 
         def run(self):
-            from lib import status
+            from tools.site import status
 
             rows = status.status_rows()
             for r in rows:
@@ -173,10 +173,11 @@ def _directives():
             return [summary, table]
 
     class BookDevices(SphinxDirective):
-        """Every chapter's headline numbers on every device with results (lib.status.device_rows)."""
+        """Every chapter's headline numbers on every device with results (status.device_rows)."""
 
         def run(self):
-            from lib import results, status
+            from lib.bench import results
+            from tools.site import status
 
             shown, rows, missing = status.device_rows()
             others = [s for s in shown if s != results.REFERENCE]

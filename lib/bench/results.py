@@ -12,31 +12,28 @@ A notebook creates a ``Run`` from its papermill parameters and calls ``run.measu
 - A result whose code fingerprint no longer matches the current code is stale: the notebook prints
   a visible warning, and ``stale_results`` (``make check-fresh``) lists it.
 
-The fingerprint covers the notebook's code cells tagged ``measure`` and the lib modules the
-notebook names as its measuring code; in the modules, only code counts, not docstrings or comment
-lines (``SCHEME``). Chapters: all (DESIGN of the book; chapter 0 introduces it).
+The fingerprint (``lib.bench.fingerprint``) covers the notebook's code cells tagged ``measure`` and
+every lib module they use, found from the imports (the import closure), as code only: docstrings and
+comments do not count. Chapters: all (DESIGN of the book; chapter 0 introduces it).
 """
 
 from __future__ import annotations
 
-import ast
-import hashlib
 import json
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 
-from lib.device import ROOT
+from lib.bench import fingerprint
+from lib.bench.device import ROOT
 
 SCHEMA = 1
 REFERENCE = "nvidia-h200"  # the results set the committed book replays
 RESULTS = ROOT / "results"
-MEASURE_TAG = "measure"
 MODES = ("auto", "measure", "replay")
 MODE_ENV = "BOOK_MODE"  # overrides what mode="auto" picks (the test suite replays, even on a GPU)
 SIZES = ("auto", "full", "smoke")
@@ -76,90 +73,19 @@ def path_for(notebook: str, slug: str, results_dir: str | Path | None = None) ->
 
 # ---------------------------------------------------------------------------- code fingerprint
 
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _measure_cells(nb_path: Path) -> str:
-    nb = json.loads(nb_path.read_text())
-    cells = [
-        "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
-        for c in nb["cells"]
-        if c["cell_type"] == "code" and MEASURE_TAG in c.get("metadata", {}).get("tags", [])
-    ]
-    if not cells:
-        raise ValueError(
-            f"{show(nb_path)} has no code cell tagged {MEASURE_TAG!r}: tag the cells that define and "
-            "run the experiment, so that a change to them marks its results stale"
-        )
-    return "\n# ---- next measure cell ----\n".join(cells)
-
-
-# how sources are read before hashing: "text", the whole text (results measured before schemes had
-# names); "code", Python files without their docstrings, comment lines and blank lines, so that editing
-# documentation does not mark results stale (notebook cells stay whole text)
-SCHEME = "code"
-
-
-def _code_only(text: str) -> str:
-    """A Python file's lines less its docstrings (found by ``ast``), full-line comments and blank lines,
-    each stripped of trailing spaces: what runs, in the same order. Text that does not parse stays whole."""
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return text
-    drop = set()
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body \
-                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                and isinstance(body[0].value.value, str):
-            drop.update(range(body[0].lineno, body[0].end_lineno + 1))
-    lines = [ln.rstrip() for i, ln in enumerate(text.splitlines(), 1) if i not in drop]
-    return "\n".join(ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#"))
-
-
-def _source_text(source: str, root: Path, scheme: str = "text") -> str:
-    if source.endswith("#" + MEASURE_TAG):
-        return _measure_cells(root / source[: -len(MEASURE_TAG) - 1])
-    text = (root / source).read_text()
-    return _code_only(text) if scheme == "code" and source.endswith(".py") else text
-
-
-def fingerprint(sources: Iterable[str], root: Path = ROOT) -> dict:
-    """Hashes of each source (``notebooks/X.ipynb#measure`` or a file path), read as ``SCHEME`` says, and
-    of all together."""
-    each = {s: _sha(_source_text(s, root, SCHEME)) for s in sources}
-    return {"fingerprint": _sha(json.dumps(each, sort_keys=True)), "sources": each, "scheme": SCHEME}
-
-
-def code_sources(notebook: str, code: Iterable[ModuleType | str] = (), root: Path = ROOT) -> list[str]:
-    """The sources a notebook's results depend on, relative to the repository root."""
-    out = [f"notebooks/{notebook}.ipynb#{MEASURE_TAG}"]
-    for c in code:
-        path = Path(c.__file__) if isinstance(c, ModuleType) else Path(root) / c
-        rel = show(path, root)
-        if Path(rel).is_absolute():
-            raise ValueError(f"measuring code {path} lies outside the repository {root}")
-        out.append(rel)
-    return out
-
-
 def stale_reasons(record: dict, root: Path = ROOT) -> list[str]:
-    """Which of a record's code sources changed (or vanished) since it was measured."""
-    reasons = []
+    """Why a record's numbers may no longer be what its code measures: which sources of its measuring code
+    (``lib.bench.fingerprint``: the notebook's measure cells and their import closure) changed, appeared or
+    vanished since it was measured."""
     scheme = record["code"].get("scheme", "text")
-    if scheme not in ("text", "code"):
-        return [f"its fingerprint scheme {scheme!r} is unknown to this checkout (older than the results)"]
-    for source, digest in record["code"]["sources"].items():
-        try:
-            now = _sha(_source_text(source, root, scheme))
-        except (OSError, ValueError, KeyError, json.JSONDecodeError):
-            reasons.append(f"{source} is gone or unreadable")
-            continue
-        if now != digest:
-            reasons.append(f"{source} changed")
-    return reasons
+    if scheme != fingerprint.SCHEME:
+        return [f"it was fingerprinted by an older scheme ({scheme!r}: measuring files listed by hand), which "
+                "cannot tell what its code is now"]
+    try:
+        now = fingerprint.fingerprint(record["notebook"], root)
+    except (OSError, ValueError, KeyError, SyntaxError, json.JSONDecodeError) as e:
+        return [f"its measuring code cannot be read ({e})"]
+    return fingerprint.changes(record["code"], now)
 
 
 def stale_results(results_dir: str | Path | None = None, root: Path = ROOT) -> list[tuple[Path, list[str]]]:
@@ -282,7 +208,6 @@ class Run:
     environment variable BOOK_MODE, when set, decides for "auto" instead).
     ``device``: "cuda", "cpu" or "auto" (measuring only). ``size``: "full", "smoke" or "auto"
     (measuring: full on a GPU, smoke on the CPU; replaying: whatever the stored set holds).
-    ``code``: the lib modules whose source, with the notebook's ``measure`` cells, produced the data.
     """
 
     def __init__(
@@ -294,7 +219,6 @@ class Run:
         size: str = "auto",
         reference: str = REFERENCE,
         results_dir: str | Path | None = None,
-        code: Iterable[ModuleType | str] = (),
         root: str | Path = ROOT,
     ):
         if mode not in MODES:
@@ -306,7 +230,6 @@ class Run:
             raise ValueError(f"there is no notebooks/{notebook}.ipynb; pass the notebook's name without .ipynb")
         self.notebook = notebook
         self.results_dir = Path(results_dir) if results_dir else self.root / "results"
-        self.sources = code_sources(notebook, code, self.root)
         if mode == "auto":
             mode = os.environ.get(MODE_ENV) or _auto_mode()
             if mode not in ("measure", "replay"):
@@ -314,7 +237,7 @@ class Run:
         self.mode = mode
         self._stored = None
         if mode == "measure":
-            from lib import device as dev
+            from lib.bench import device as dev
 
             self.device = dev.resolve(device)
             self.slug = dev.properties(self.device)["slug"]
@@ -344,21 +267,21 @@ class Run:
     def __repr__(self) -> str:
         return f"Run({self.notebook!r}, mode={self.mode!r}, device={self.device!r}, size={self.size!r}, set={self.slug!r})"
 
-    def measure_or_replay(self, params: dict, measure: Callable[[dict], dict]) -> Result:
-        """Measure (``measure(params)`` returns the data) and store, or replay the stored data."""
+    def measure_or_replay(self, params: dict, measure: Callable[[dict, str], dict]) -> Result:
+        """Measure (``measure(params, device)`` returns the data) and store, or replay the stored data."""
         params = _normal({"size": self.size, **params})
         if self.mode == "measure":
             return self._measure(params, measure)
         return self._replay(params)
 
     def _measure(self, params, measure) -> Result:
-        from lib import device as dev
+        from lib.bench import device as dev
 
-        code = fingerprint(self.sources, self.root)
+        code = fingerprint.fingerprint(self.notebook, self.root)
         prov = dev.provenance(self.device)
         print(f"measuring {self.notebook} on {prov['name']} ({self.size}) ...", flush=True)
         start = time.perf_counter()
-        data = measure(params)
+        data = measure(params, self.device)
         record = {
             "schema": SCHEMA,
             "notebook": self.notebook,

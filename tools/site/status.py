@@ -8,7 +8,7 @@
   reference device they come from the committed notebooks, for another device from the notebooks
   replayed on its results (``python tools/book.py devices`` writes them under ``_build/devices/``).
 
-Chapters: the status page and the devices page (rendered by tools/book_ext.py).
+Chapters: the status page and the devices page (rendered by tools/site/book_ext.py).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import json
 import math
 from pathlib import Path
 
-from lib import results
+from lib.bench import results
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEVICES_DIR = Path("_build") / "devices"
 
 # (notebook, glue name, what it is, unit); every name is glued by that chapter's notebook

@@ -1,6 +1,7 @@
 """Check and time grouped-GEMM paths for MoE shapes on a GPU; prints one table.
 
-    python tools/bench_grouped_gemm.py [--out rows.json] [--tiles | --tma | --mid | --tall | --order | --flatten | --mainloop]
+    python tools/tuning/bench_grouped_gemm.py [--out rows.json]
+        [--tiles | --tma | --mid | --tall | --order | --flatten | --mainloop]
 
 For each shape (E experts, K, N), token count and routing: correctness of the lib kernel in bf16 against
 a float32 reference, then GPU time (CUDA-graph replay) and call time (eager) of an eager loop of
@@ -17,11 +18,11 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
-from lib import ceilings, timing  # noqa: E402
+from lib.bench import ceilings, timing  # noqa: E402
 from lib.kernels import grouped_gemm as gg  # noqa: E402
 
 
@@ -195,12 +196,12 @@ def sweep_tiles(out_path, tma):
 def sweep_cases(out_path, configs, keep, pair_all=False):
     """Chapter 4's own cases (their token counts read from its results) that ``keep`` accepts, the lib
     kernel over ``configs`` (GroupedGemm keywords; "rule" is its defaults), each checked on some experts
-    before it is timed; then in interleaved pairs (lib.compare) against the rule: each case's fastest, or
+    before it is timed; then in interleaved pairs (lib.bench.timing.paired) against the rule: each case's fastest, or
     with ``pair_all`` every configuration. Rows are written after every case."""
-    from lib import compare
+    from lib.bench import timing
 
     dev = "cuda"
-    res = json.loads((Path(__file__).resolve().parent.parent / "results/nvidia-h200/04-grouped-gemm.json").read_text())
+    res = json.loads((Path(__file__).resolve().parents[2] / "results/nvidia-h200/04-grouped-gemm.json").read_text())
     cases = [p for p in res["data"]["points"] if p["path"] == "lib" and keep(p)]
     torch.manual_seed(0)
     rows, ws = [], {}
@@ -234,7 +235,7 @@ def sweep_cases(out_path, configs, keep, pair_all=False):
             times[name] = timing.bench([fns[name]], device=dev, reps=5, target_ms=0.5).gpu_us.median
         best = min((n for n in times if n != "rule"), key=times.get)
         paired = [n for n in times if n != "rule"] if pair_all else [best]
-        pairs = {n: compare.paired(fns["rule"], fns[n], device=dev, pairs=11, target_ms=0.5).to_dict() for n in paired}
+        pairs = {n: timing.paired(fns["rule"], fns[n], device=dev, pairs=11, target_ms=0.5).to_dict() for n in paired}
         rows.append({"E": E, "T": T, "routing": routing, "gpu_us": times, "best": best,
                      "over_rule_pairs": pairs})
         print(f"E={E:3d} T={T:5d} {routing:7s} " + " ".join(f"{n}:{t:.1f}" for n, t in times.items()) + " | "

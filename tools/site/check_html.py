@@ -1,6 +1,6 @@
 """Open every page of the built book in headless Chromium and fail on what a reader would see broken.
 
-    python tools/check_html.py [_build/html] [--screenshots _build/screenshots] [--chromium /usr/bin/chromium]
+    python tools/site/check_html.py [_build/html] [--screenshots _build/screenshots] [--chromium /usr/bin/chromium]
 
 Each page is opened twice, from a local HTTP server and over file:// (math must render both ways, with
 no network), after MathJax has typeset and every image has loaded or failed. A page fails on:
@@ -31,7 +31,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 # flags for a closed network (no background connections) and a root user in a container
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",

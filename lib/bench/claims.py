@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from lib.results import warn
+from lib.bench.results import warn
 
 
 class ClaimsFailed(AssertionError):
@@ -85,7 +85,7 @@ class Claims:
     def glue(self) -> None:
         """Glue the table as ``claims_table``, and ``claims_held`` and ``claims_total`` (the book's status
         page counts them)."""
-        from lib import glue
+        from lib.bench import glue
 
         glue.table("claims_table", self.frame())
         glue.number("claims_held", len(self.items) - len(self.failed))

@@ -5,8 +5,8 @@ On a GPU machine with ``ncu``:
     ncu --clock-control none -k regex:'grouped_gemm|nvjet' --section SpeedOfLight \\
         --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section WarpStateStats \\
         --section Occupancy --csv --page raw \\
-        python tools/ncu_grouped_gemm.py run --manifest launches.json > counters.csv
-    python tools/ncu_grouped_gemm.py parse counters.csv launches.json out.json
+        python tools/tuning/ncu_grouped_gemm.py run --manifest launches.json > counters.csv
+    python tools/tuning/ncu_grouped_gemm.py parse counters.csv launches.json out.json
 
 ``run`` launches the lib kernel (planned, its defaults) at each case, with chapter 4's token counts read
 from its results, a few times; at the worst weight-bound case it also runs cuBLAS's batched GEMM over
@@ -29,7 +29,7 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 CASES = [(64, 8192, "uniform"), (128, 8192, "0.1"), (128, 8192, "uniform")]

@@ -1,0 +1,99 @@
+"""lib.bench.fingerprint on the book itself: each chapter's measuring code is its import closure, computed.
+
+A copy of the book's lib/ and notebooks/ gets a fresh results record for every chapter (the fingerprint of
+the code as it is, no measurement); then one module is edited and `check-fresh` must name exactly the
+chapters whose measure cells reach that module through their imports.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from lib.bench import fingerprint, results
+from tests.conftest import ROOT
+
+CHAPTERS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb"))
+
+
+@pytest.fixture(scope="module")
+def book(tmp_path_factory):
+    """A copy of lib/ and notebooks/ with a fresh (unmeasured) record per chapter under results/cpu/."""
+    root = tmp_path_factory.mktemp("book")
+    shutil.copytree(ROOT / "lib", root / "lib", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "notebooks", root / "notebooks", ignore=shutil.ignore_patterns(".*"))
+    for nb in CHAPTERS:
+        results.write(results.path_for(nb, "cpu", root / "results"), {
+            "schema": results.SCHEMA, "notebook": nb, "params": {"size": "smoke"},
+            "code": fingerprint.fingerprint(nb, root), "provenance": {"name": "cpu", "kind": "cpu"}, "data": {}})
+    return root
+
+
+def stale_chapters(root):
+    return sorted(p.stem for p, _ in results.stale_results(root / "results", root))
+
+
+def edited(path, old, new):
+    text = path.read_text()
+    assert old in text, f"{path.name} no longer holds {old!r}: update this test"
+    path.write_text(text.replace(old, new, 1))
+    return text
+
+
+def test_the_closure_is_found_from_the_imports(book):
+    fp = fingerprint.fingerprint("05-prefix-caching", book)
+    assert "lib/kv_pool.py" in fp["sources"]  # reached through lib.model, never named by the notebook
+    assert "lib/bench/results.py" not in fp["sources"] and "lib/bench/glue.py" not in fp["sources"]
+    assert "lib/kv_pool.py" not in fingerprint.fingerprint("03-kv-cache", book)["sources"]
+
+
+def test_a_code_edit_in_kv_pool_makes_chapters_5_and_6_stale(book):
+    assert stale_chapters(book) == []
+    pool = book / "lib" / "kv_pool.py"
+    original = edited(pool, "        return -(-tokens // self.block_size)\n",
+                      "        return (tokens + self.block_size - 1) // self.block_size\n")
+    try:
+        assert stale_chapters(book) == ["05-prefix-caching", "06-batching"]
+        out = subprocess.run([sys.executable, str(ROOT / "tools" / "book.py"), "check-fresh", "--root", str(book)],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert out.stdout.count("stale:") == 2 and "lib/kv_pool.py changed" in out.stdout
+    finally:
+        pool.write_text(original)
+    assert stale_chapters(book) == []
+
+
+def test_a_docstring_or_comment_edit_makes_nothing_stale(book):
+    pool = book / "lib" / "kv_pool.py"
+    original = edited(pool, '"""A paged KV pool', '"""A paged key-value pool (docstrings never count)')
+    pool.write_text(pool.read_text().replace("    def allocate(", "    # a comment line\n    def allocate(", 1))
+    try:
+        assert stale_chapters(book) == []
+    finally:
+        pool.write_text(original)
+
+
+def test_a_new_import_joins_the_closure(book):
+    pool = book / "lib" / "kv_pool.py"
+    original = edited(pool, "import torch\n", "import torch\n\nfrom lib import workloads  # noqa: F401\n")
+    try:
+        reasons = dict(results.stale_results(book / "results", book))
+        stale = {p.stem: r for p, r in reasons.items()}
+        assert sorted(stale) == ["05-prefix-caching", "06-batching"]
+        assert "lib/workloads.py is new to the measuring code" in stale["06-batching"]
+    finally:
+        pool.write_text(original)
+
+
+def test_code_only_drops_documentation_and_keeps_code():
+    src = '"""Module doc."""\n\nX = 1  # trailing\n# whole line\n\ndef f():\n    """Doc."""\n    return "# not a comment"\n'
+    assert fingerprint.code_only(src) == 'X = 1\ndef f():\n    return "# not a comment"'
+    assert fingerprint.code_only("def broken(:\n") == "def broken(:\n"  # text that does not parse stays whole
+
+
+def test_a_misspelled_module_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="has no file"):
+        fingerprint.closure(["lib.nope"], tmp_path)
