@@ -45,3 +45,13 @@ def test_glue_accepts_numbers_and_words_only(capsys, monkeypatch):
         glue.text("empty", " ")
     with pytest.raises(ValueError, match="identifier"):
         glue.number("not a name", 1.0)
+
+
+def test_glue_tables_of_numbers_and_texts(monkeypatch):
+    pasted = []
+    monkeypatch.setattr(glue, "_paste", lambda name, value: pasted.append((name, value)))
+    glue.numbers({"a_us": 1, "b": 2.5})
+    glue.texts({"device_name": "NVIDIA H200"})
+    assert pasted == [("a_us", 1.0), ("b", 2.5), ("device_name", "NVIDIA H200")]
+    with pytest.raises(TypeError):
+        glue.numbers({"flag": True})

@@ -24,6 +24,18 @@ def number(name: str, value) -> None:
     _paste(name, float(value))
 
 
+def numbers(values: dict) -> None:
+    """Glue every number of a table {name: value}: how a notebook hands its numbers to the page, as data."""
+    for name, value in values.items():
+        number(name, value)
+
+
+def texts(values: dict) -> None:
+    """Glue every text of a table {name: words}."""
+    for name, words in values.items():
+        text(name, words)
+
+
 def text(name: str, words: str) -> None:
     """Glue a short text (a device name, a date), pasted with {glue:text}."""
     if not isinstance(words, str) or not words.strip():
