@@ -10,7 +10,7 @@ Chapters: all.
 
 from __future__ import annotations
 
-import numbers
+from numbers import Real
 
 
 def number(name: str, value) -> None:
@@ -19,7 +19,7 @@ def number(name: str, value) -> None:
     NaN is allowed (a smoke run may lack the sizes a quantity needs) and shows as "nan"; the
     chapter's claims fail on it, so the reference set can never carry one into the book.
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(f"glue {name!r}: expected a real number, got {type(value).__name__} {value!r}")
     _paste(name, float(value))
 
