@@ -1,13 +1,16 @@
 """Every chapter notebook: its structure, and a smoke run of its experiment on the CPU.
 
-The smoke run is what a reader's `make measure` does, at a tiny size: papermill executes every
-notebook in chapter order in measure mode on the CPU, writing results into a temporary folder.
-(The committed notebooks themselves are checked by nbval, which replays the reference set.)
+The smoke run is what a reader's `make measure` does, at a tiny size: papermill executes each notebook
+in chapter order in measure mode on the CPU, writing results into a temporary folder (chapter 0 first:
+the others read its ceilings). Each notebook is a test of its own with its own generous timeout, so a
+slow, busy machine fails none of them and a stuck one names itself. (The committed notebooks themselves
+are checked by nbval, which replays the reference set.)
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -21,6 +24,8 @@ from tests.conftest import ROOT
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb"))
 PARAMETERS = ("mode", "device", "size", "reference", "results_dir")
+MAX_CELL_LINES = 40  # code lines a reader follows in one cell (glue and claims cells: data, exempt)
+SMOKE_TIMEOUT_S = 900  # per notebook; the smoke sizes take seconds on an idle 2-core machine
 
 
 def tags(cell):
@@ -53,28 +58,61 @@ def test_notebook_structure(path):
         assert machine_path.rstrip("/") + "/" not in text, f"a path of this machine ({machine_path}) in {path.name}"
 
 
+def code_lines(source: str) -> int:
+    return sum(1 for ln in source.splitlines() if ln.strip() and not ln.strip().startswith("#"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_reads_as_an_experiment(path):
+    """Short code cells, each after a sentence that says what it does; long cells only as data (glue, claims)."""
+    nb = nbformat.read(path, as_version=4)
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or "parameters" in tags(cell):
+            continue
+        if code_lines(cell.source) > MAX_CELL_LINES:  # only a table of name -> value may run longer
+            data = "glue." in cell.source or "claims.check" in cell.source
+            loops = [ln for ln in cell.source.splitlines() if ln.lstrip().startswith(("for ", "while ", "def "))]
+            assert data and not loops, (
+                f"cell {i} has {code_lines(cell.source)} lines of code: move the loop to lib/experiments, or keep "
+                "a long glue or claims cell a table of name -> value")
+        before = nb.cells[i - 1] if i else None
+        first_code = not any(c.cell_type == "code" and "parameters" not in tags(c) for c in nb.cells[:i])
+        assert first_code or (before is not None and before.cell_type == "markdown" and before.source.strip()), (
+            f"cell {i} follows no sentence that says what it does")
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            assert not re.search(r"\bissues?\b", cell.source, re.I), "the book speaks of its own targets"
+
+
 def test_reference_results_exist_for_every_notebook():
     for path in NOTEBOOKS:
         rec = results.load(path.stem, results.REFERENCE)
         assert rec["provenance"]["slug"] == results.REFERENCE and rec["params"]["size"] == "full"
 
 
-def test_smoke_run_every_notebook_on_the_cpu(tmp_path):
-    """papermill, measure mode, CPU, smoke size, temporary results: every notebook must run."""
-    out_dir, res_dir = tmp_path / "out", tmp_path / "results"
+@pytest.fixture(scope="module")
+def smoke_dirs(tmp_path_factory):
+    """One results folder for the whole smoke run (chapter 0's ceilings serve the later chapters)."""
+    base = tmp_path_factory.mktemp("smoke")
+    return base / "results", base / "out"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_smoke_run_on_the_cpu(path, smoke_dirs):
+    """papermill, measure mode, CPU, smoke size, temporary results: the notebook must run."""
+    res_dir, out_dir = smoke_dirs
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "book.py"), "run", "--mode", "measure", "--device", "cpu",
+        [sys.executable, str(ROOT / "tools" / "book.py"), "run", path.stem, "--mode", "measure", "--device", "cpu",
          "--size", "smoke", "--results-dir", str(res_dir), "--output-dir", str(out_dir), "--no-progress"],
-        capture_output=True, text=True, timeout=1200,
+        capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for path in NOTEBOOKS:
-        rec = results.load(path.stem, "cpu", res_dir)
-        assert rec["provenance"]["kind"] == "cpu" and rec["params"]["size"] == "smoke"
-        assert results.stale_reasons(rec) == []
-        executed = nbformat.read(out_dir / path.name, as_version=4)
-        errors = [o for c in executed.cells if c.cell_type == "code" for o in c.get("outputs", [])
-                  if o.get("output_type") == "error"]
-        assert errors == []
+    rec = results.load(path.stem, "cpu", res_dir)
+    assert rec["provenance"]["kind"] == "cpu" and rec["params"]["size"] == "smoke"
+    assert results.stale_reasons(rec) == []
+    executed = nbformat.read(out_dir / path.name, as_version=4)
+    errors = [o for c in executed.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
+    assert errors == []
     # the committed reference results were not touched
     assert not (ROOT / "results" / "cpu").exists()

@@ -1,7 +1,5 @@
 """lib.bench.timing on the CPU: statistics, rotation, and the benchmark's CPU path."""
 
-import time
-
 import pytest
 
 from lib.bench import timing
@@ -47,14 +45,39 @@ def test_rotation_rejects_bad_sizes():
         timing.rotation(1, 1 << 20, factor=0)
 
 
-def test_bench_cpu_measures_a_known_duration():
-    t = timing.bench(lambda: time.sleep(0.002), device="cpu", reps=5, warmup=1, target_ms=5.0)
+class FakeClock:
+    """A host clock that moves only when a timed call says so: timings become exact, whatever the machine."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+    def work(self, us):
+        def call():
+            self.t += us * 1e-6
+        return call
+
+
+def test_bench_cpu_measures_a_known_duration(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "_now", clock)
+    t = timing.bench(clock.work(2000.0), device="cpu", reps=5, warmup=1, target_ms=5.0)
     assert t.method == "cpu-wall"
     assert t.gpu_us.n == t.call_us.n == 5
+    assert t.calls_per_sample == 3  # ceil(5 ms / 2 ms): a sample lasts about target_ms
     for s in (t.gpu_us, t.call_us):
-        assert 2000 <= s.median < 20000
-        assert s.min <= s.q1 <= s.median <= s.q3 <= s.max
-    assert t.calls_per_sample >= 2  # about target_ms worth of 2 ms calls
+        assert s.median == pytest.approx(2000.0) and s.min == pytest.approx(s.max)
+
+
+def test_bench_cpu_rotates_buffers_of_different_cost(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "_now", clock)
+    t = timing.bench([clock.work(100.0), clock.work(300.0)], device="cpu", reps=4, warmup=0, target_ms=1.0)
+    assert t.calls_per_sample % 2 == 0
+    assert t.gpu_us.median == pytest.approx(200.0)  # a block holds as many calls of each buffer set
+    assert sorted(t.call_us.to_dict()[k] for k in ("min", "max")) == pytest.approx([100.0, 300.0])
 
 
 def test_bench_cpu_uses_every_buffer_in_turn():
