@@ -88,6 +88,35 @@ def test_a_new_import_joins_the_closure(book):
         pool.write_text(original)
 
 
+def test_an_experiment_counts_only_what_its_measure_reaches(tmp_path):
+    """The measure cell uses exp.measure: an analysis function of the same module may change freely, the
+    helper measure calls may not, and an import only the analysis uses is not followed."""
+    from tests.conftest import make_notebook
+
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "__init__.py").write_text("")
+    (tmp_path / "lib" / "timer.py").write_text("def now():\n    return 0\n")
+    (tmp_path / "lib" / "tables.py").write_text("def table(d):\n    return d\n")
+    exp = tmp_path / "lib" / "exp.py"
+    exp.write_text("from lib import tables, timer\n\nN = 3\n\n\ndef _one(i):\n    return timer.now() + i\n\n\n"
+                   "def measure(p, device):\n    return [_one(i) for i in range(N)]\n\n\n"
+                   "def analysis(data):\n    return tables.table(data)\n")
+    make_notebook(tmp_path / "notebooks" / "x.ipynb", "res = exp.measure({}, 'cpu')\n", imports="from lib import exp\n")
+    fp = fingerprint.fingerprint("x", tmp_path)
+    assert fp["roots"] == {"lib.exp": ["measure"]}
+    assert set(fp["sources"]) == {"notebooks/x.ipynb#measure", "lib/__init__.py", "lib/exp.py", "lib/timer.py"}
+    text = exp.read_text()
+    exp.write_text(text.replace("return tables.table(data)", "return tables.table(data) * 2"))
+    assert fingerprint.changes(fp, fingerprint.fingerprint("x", tmp_path)) == []
+    exp.write_text(text.replace("return timer.now() + i", "return timer.now() + 2 * i"))
+    assert fingerprint.changes(fp, fingerprint.fingerprint("x", tmp_path)) == ["lib/exp.py changed"]
+    exp.write_text(text.replace("N = 3", "N = 4"))
+    assert fingerprint.changes(fp, fingerprint.fingerprint("x", tmp_path)) == ["lib/exp.py changed"]
+    exp.write_text(text)
+    make_notebook(tmp_path / "notebooks" / "x.ipynb", "res = exp\n", imports="from lib import exp\n")
+    assert "lib/tables.py" in fingerprint.fingerprint("x", tmp_path)["sources"]  # the module itself: all of it
+
+
 def test_code_only_drops_documentation_and_keeps_code():
     src = '"""Module doc."""\n\nX = 1  # trailing\n# whole line\n\ndef f():\n    """Doc."""\n    return "# not a comment"\n'
     assert fingerprint.code_only(src) == 'X = 1\ndef f():\n    return "# not a comment"'

@@ -36,7 +36,7 @@ def test_measure_then_replay_round_trip(repo):
     assert rec["params"] == {"size": "smoke", "n": 21}
     assert set(rec["code"]["sources"]) == {"notebooks/exp.ipynb#measure", "lib/__init__.py", "lib/helper.py",
                                            "lib/inner.py"}
-    assert rec["code"]["roots"] == ["lib.helper"]
+    assert rec["code"]["roots"] == {"lib.helper": ["SCALE"]}  # the module, and what the measure cell uses of it
     assert 0 <= rec["elapsed_s"] < 60
     for key in ("name", "slug", "torch", "python", "date", "commit", "numpy"):
         assert key in rec["provenance"]
@@ -125,7 +125,7 @@ def test_documentation_edits_leave_results_fresh(repo):
     make_notebook(repo / "notebooks" / "exp.ipynb",
                   "def measure(p, device):\n    \"\"\"Doc.\"\"\"\n    # twice\n    return {'x': p['n'] * helper.SCALE}\n")
     assert results.stale_reasons(rec, repo) == []
-    helper.write_text(code + "\nEXTRA = 1\n")
+    helper.write_text(code.replace("SCALE = inner.TWO", "SCALE = inner.TWO + 0"))
     assert results.stale_reasons(rec, repo) == ["lib/helper.py changed"]
     old = dict(rec, code={"fingerprint": "", "sources": {"lib/helper.py": "0" * 64}, "scheme": "code"})
     assert "older scheme" in results.stale_reasons(old, repo)[0]

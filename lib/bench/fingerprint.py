@@ -5,6 +5,11 @@ use, with everything those modules import, transitively: the import closure. Not
 
 - The roots are the lib modules that the measure cells name: a name bound by an import anywhere in the
   notebook (``from lib.experiments import kv_cache``) and used in a measure cell (``kv_cache.sweep``).
+- A root that the measure cells use only through its attributes (``kv_cache.sweep``, ``kv_cache.measure``)
+  counts with just the top-level definitions those attributes reach, through the names their code uses
+  (``slice_of``): an experiment module's analysis functions, which turn stored data into tables, can
+  change without making the data stale. Statements that bind no name (they may act on import) always
+  count. A name looked up by a string (``getattr``) is not seen: measuring code calls what it uses.
 - The closure follows ``import`` statements (at any depth of a module, so imports inside functions count
   too) to files under ``lib/``; a package's ``__init__.py`` counts wherever one of its modules does, since
   importing the module runs it.
@@ -108,23 +113,75 @@ def imported_modules(tree: ast.AST, name: str, path: Path, root: Path) -> set[st
     return {m for m in found if m.split(".")[0] == PACKAGE and module_file(m, root) is not None}
 
 
-def closure(modules: Iterable[str], root: Path) -> dict[str, Path]:
-    """Every lib module the given ones import, transitively, themselves and their packages included:
-    {module name: file}. ``HARNESS`` modules are left out and not followed."""
-    root = Path(root)
-    seen: dict[str, Path] = {}
-    todo = [p for m in modules for p in _with_parents(m)]
+def _bound_names(node: ast.stmt) -> set[str]:
+    """The module-level names a top-level statement binds (definitions, assignments, imports)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".")[0] for a in node.names}
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+        node, (ast.AnnAssign, ast.AugAssign)) else []
+    return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+
+
+def slice_of(text: str, names: Iterable[str]) -> tuple[str, set[str]]:
+    """The top-level statements of a module's source that ``names`` reach: their definitions, then the
+    definitions of every name those use, transitively, and every statement that binds no name; in the
+    module's order, as source text (docstrings and comments are dropped later, by ``code_only``); and the
+    module-level names reached (an import statement is followed only for the names it binds that are)."""
+    tree = ast.parse(text)
+    body = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+    binds = [_bound_names(n) for n in body]
+    keep = {i for i, b in enumerate(binds) if not b}
+    todo, seen = list(names), set()
     while todo:
         name = todo.pop()
-        if name in seen or name in HARNESS:
+        if name in seen:
+            continue
+        seen.add(name)
+        for i, b in enumerate(binds):
+            if name in b and i not in keep:
+                keep.add(i)
+                todo.extend(n.id for n in ast.walk(body[i]) if isinstance(n, ast.Name))
+    missing = set(names) - set().union(*binds) if binds else set(names)
+    if missing:
+        raise ValueError(f"the measure cells use {sorted(missing)}, which the module does not define")
+    lines = text.splitlines()
+    spans = []
+    for i in sorted(keep):
+        node = body[i]
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        spans.append("\n".join(lines[first - 1: node.end_lineno]))
+    return "\n".join(spans) + "\n", seen
+
+
+def closure(modules: Iterable[str] | dict[str, set[str] | None], root: Path) -> dict[str, tuple[Path, str]]:
+    """Every lib module the given ones import, transitively, themselves and their packages included:
+    {module name: (file, the source that counts)}. ``modules`` may map a module to the attributes that are
+    used of it: such a module counts as its ``slice_of`` those names, and only the imports of that slice are
+    followed; a module reached otherwise counts whole. ``HARNESS`` modules are left out and not followed."""
+    root = Path(root)
+    wanted = dict(modules) if isinstance(modules, dict) else dict.fromkeys(modules)
+    seen: dict[str, tuple[Path, str]] = {}
+    todo = [(p, wanted[m] if p == m else None) for m in wanted for p in _with_parents(m)]
+    while todo:
+        name, attrs = todo.pop()
+        if name in HARNESS or (name in seen and (attrs is not None or seen[name][1] is None)):
             continue
         path = module_file(name, root)
         if path is None:
             raise ValueError(f"module {name!r} has no file under {root}: is it spelled as imported?")
-        seen[name] = path
-        tree = ast.parse(path.read_text(), filename=str(path))
-        todo.extend(p for m in imported_modules(tree, name, path, root) for p in _with_parents(m))
-    return seen
+        text = path.read_text()
+        tree = ast.parse(text, filename=str(path))
+        if attrs is not None:
+            text, reached = slice_of(text, attrs)
+            tree = ast.parse(text, filename=str(path))
+            for node in ast.walk(tree):  # follow only the imported names the slice uses
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    node.names = [a for a in node.names if (a.asname or a.name).split(".")[0] in reached]
+        seen[name] = (path, text if attrs is not None else None)
+        todo.extend((p, None) for m in imported_modules(tree, name, path, root) for p in _with_parents(m))
+    return {name: (path, path.read_text() if sliced is None else sliced) for name, (path, sliced) in seen.items()}
 
 
 # ---------------------------------------------------------------------------- a notebook's measuring code
@@ -166,16 +223,29 @@ def measure_source(nb_path: Path) -> str:
     return "\n# ---- next measure cell ----\n".join(cells)
 
 
-def notebook_roots(nb_path: Path, root: Path) -> list[str]:
-    """The lib modules the notebook's measure cells use, by the names the notebook's imports bind."""
+def notebook_roots(nb_path: Path, root: Path) -> dict[str, set[str] | None]:
+    """The lib modules the notebook's measure cells use, by the names the notebook's imports bind:
+    {module: the attributes used of it, or None where the module itself is used (then all of it counts)}."""
     cells = [(tree, tags) for src, tags in _cells(nb_path) if (tree := _parse(src)) is not None]
     bound = _bindings(tree for tree, _ in cells)
-    used = {n.id for tree, tags in cells if MEASURE_TAG in tags for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    roots = set()
-    for name in used & set(bound):
-        mod = bound[name]
-        roots.add(mod if module_file(mod, root) is not None else mod.rpartition(".")[0])
-    return sorted(roots - HARNESS)
+    roots: dict[str, set[str] | None] = {}
+    for tree, tags in cells:
+        if MEASURE_TAG not in tags:
+            continue
+        bases = {id(n.value): n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        for n in ast.walk(tree):
+            if not (isinstance(n, ast.Name) and n.id in bound):
+                continue
+            mod, attr = bound[n.id], bases.get(id(n))
+            if module_file(mod, root) is None:  # a name imported from a module: that name of it is used
+                mod, attr = mod.rpartition(".")[0], mod.rpartition(".")[2]
+            if mod in HARNESS:
+                continue
+            if attr is None or roots.get(mod, set()) is None:
+                roots[mod] = None
+            else:
+                roots.setdefault(mod, set()).add(attr)
+    return dict(sorted(roots.items()))
 
 
 def fingerprint(notebook: str, root: Path) -> dict:
@@ -185,9 +255,10 @@ def fingerprint(notebook: str, root: Path) -> dict:
     nb_path = root / "notebooks" / f"{notebook}.ipynb"
     roots = notebook_roots(nb_path, root)
     sources = {f"notebooks/{notebook}.ipynb#{MEASURE_TAG}": sha(measure_source(nb_path))}
-    for path in sorted(closure(roots, root).values()):
-        sources[path.relative_to(root).as_posix()] = sha(code_only(path.read_text()))
-    return {"scheme": SCHEME, "roots": roots, "sources": sources, "fingerprint": sha(json.dumps(sources, sort_keys=True))}
+    for path, text in sorted(closure(roots, root).values()):
+        sources[path.relative_to(root).as_posix()] = sha(code_only(text))
+    shown = {m: sorted(a) if a is not None else None for m, a in roots.items()}
+    return {"scheme": SCHEME, "roots": shown, "sources": sources, "fingerprint": sha(json.dumps(sources, sort_keys=True))}
 
 
 def changes(recorded: dict, now: dict) -> list[str]:
