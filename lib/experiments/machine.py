@@ -1,0 +1,335 @@
+"""Chapter 0, the machine: the sweep that measures the GPU's ceilings, and the tables drawn from it.
+
+The notebook defines the calls that are timed (``ops``: two ways to copy a buffer, a read, a matrix
+product, a one-element add); this module runs them over the sizes of ``sweep(size)``:
+
+- copy and kernel copy: for each buffer size, one pair of float32 buffers of uniform random values,
+  copied call after call, so a pair that fits in the L2 is served from it. Below ``ceilings.HBM_FACTOR``
+  times the L2, the copy is timed once more over ``timing.rotation`` pairs whose total is four times
+  the L2 ("copy_cold"): each call then finds its source in HBM. Every copy must equal its source
+  before it is timed.
+- read: a sum over the buffer into one number, checked against a float64 sum.
+- matmul: n x n x n products of standard normal values in each dtype; TF32 is allowed only for
+  "tf32" (``torch.set_float32_matmul_precision``, set back to "highest" afterwards). The first rows
+  are compared with a float64 product before timing, and the relative error is kept: it also shows
+  whether TF32 was on. On a GPU the SM clock, power and temperature are read right after the timing.
+- zeros: the bf16 product at ``zeros_n`` once on random inputs and once on all-zero inputs.
+- launch: a one-element add; its GPU time is one kernel in a CUDA graph, its call time one eager
+  launch.
+
+Every timing is ``lib.bench.timing.bench``: GPU time (CUDA-graph replay) and call time (eager calls),
+medians of ``reps`` samples of about ``target_ms`` each. The analysis functions turn the data into the
+chapter's tables (bandwidth over footprint, matmul rates, call time over GPU time) and the numbers its
+page quotes (``findings``).
+
+Chapter: 0 (the machine); its ceilings (``lib.bench.ceilings``) are what chapters 1-6 compare against.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from lib.bench import ceilings, timing
+from lib.bench.device import clocks
+
+MiB = 1 << 20
+DTYPES = ["bf16", "fp16", "tf32", "fp32"]
+TORCH_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32}
+MAX_REL_ERR = {"bf16": 1e-2, "fp16": 2e-3, "tf32": 2e-3, "fp32": 1e-5}  # against a float64 reference
+OPS = ("copy", "copy_kernel", "read", "matmul", "launch")  # the calls ``measure`` needs, by name
+PARAMS = ("buffer_bytes", "matmul_n", "zeros_n", "dtypes", "reps", "target_ms")
+# data key -> (label, bytes touched per buffer byte): a copy reads and writes its buffer, a read reads it
+METHODS = {
+    "copy": ("memcpy", 2),
+    "copy_kernel": ("kernel copy", 2),
+    "copy_cold": ("memcpy, L2 defeated", 2),
+    "read": ("read", 1),
+}
+
+
+def sweep(size: str) -> dict:
+    """The sizes measured: buffer bytes for copy and read, n for the n x n x n products."""
+    if size == "full":
+        return {
+            "buffer_bytes": [m * MiB for m in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 2048, 4096)],
+            "matmul_n": [256, 512, 1024, 2048, 4096, 6144, 8192, 12288, 16384],
+            "zeros_n": 8192,
+            "dtypes": list(DTYPES),
+            "reps": 30,
+            "target_ms": 2.0,
+        }
+    if size == "smoke":
+        return {
+            "buffer_bytes": [64 << 10, 256 << 10, 1 * MiB, 4 * MiB],
+            "matmul_n": [64, 128, 256],
+            "zeros_n": 128,
+            "dtypes": list(DTYPES),
+            "reps": 5,
+            "target_ms": 0.2,
+        }
+    raise ValueError(f"size={size!r}: the sweep has a 'full' and a 'smoke' size")
+
+
+# ---------------------------------------------------------------------------- measuring
+
+def _wrong(what: str) -> AssertionError:
+    return AssertionError(f"{what}: the call computes a wrong result, and a wrong call is not timed; fix the op")
+
+
+def measure_copy(op, nbytes: int, device: str, p: dict, l2: int = 0) -> dict:
+    """Time ``op(dst, src)`` on float32 buffers of ``nbytes``; with ``l2`` > 0, rotate over enough pairs
+    that their total is four times the L2."""
+    pairs = timing.rotation(2 * nbytes, l2) if l2 else 1
+    srcs = [torch.rand(nbytes // 4, device=device) for _ in range(pairs)]
+    dsts = [torch.empty_like(s) for s in srcs]
+    for d, s in zip(dsts, srcs):
+        op(d, s)
+        if not torch.equal(d, s):
+            raise _wrong(f"copy of {nbytes} bytes")
+    fns = [lambda d=d, s=s: op(d, s) for d, s in zip(dsts, srcs)]
+    t = timing.bench(fns, device=device, reps=p["reps"], target_ms=p["target_ms"])
+    return {"bytes": nbytes, "pairs": pairs, "timing": t.to_dict()}
+
+
+def measure_read(op, nbytes: int, device: str, p: dict) -> dict:
+    """Time ``op(x, s)``, a sum of ``nbytes`` of float32 into the scalar ``s``, checked in float64."""
+    x = torch.rand(nbytes // 4, device=device)
+    s = torch.empty((), device=device)
+    op(x, s)
+    ref = x.double().sum()
+    rel_err = abs(s.double().item() - ref.item()) / ref.item()
+    if not rel_err < 1e-4:
+        raise _wrong(f"read of {nbytes} bytes (relative error {rel_err:.2e})")
+    t = timing.bench(lambda: op(x, s), device=device, reps=p["reps"], target_ms=p["target_ms"])
+    return {"bytes": nbytes, "rel_err": rel_err, "timing": t.to_dict()}
+
+
+def measure_matmul(op, dtype: str, n: int, device: str, p: dict, zeros: bool = False) -> dict:
+    """Time ``op(a, b, c)``, c = a b for n x n matrices of ``dtype``, after checking its first rows."""
+    torch.set_float32_matmul_precision("high" if dtype == "tf32" else "highest")
+    try:
+        make = torch.zeros if zeros else torch.randn
+        a = make(n, n, device=device, dtype=TORCH_DTYPE[dtype])
+        b = make(n, n, device=device, dtype=TORCH_DTYPE[dtype])
+        c = torch.empty(n, n, device=device, dtype=TORCH_DTYPE[dtype])
+        op(a, b, c)
+        rows = min(n, 256)
+        if zeros:
+            rel_err = 0.0
+            if c[:rows].count_nonzero().item():
+                raise _wrong(f"{dtype} n={n} on zeros")
+        else:
+            ref = a[:rows].double() @ b.double()
+            rel_err = ((c[:rows].double() - ref).norm() / ref.norm()).item()
+        if not rel_err <= MAX_REL_ERR[dtype]:
+            raise _wrong(f"{dtype} n={n} (relative error {rel_err:.2e}, at most {MAX_REL_ERR[dtype]:.0e} allowed)")
+        t = timing.bench(lambda: op(a, b, c), device=device, reps=p["reps"], target_ms=p["target_ms"])
+        after = clocks() if device == "cuda" else None  # SM clock, power, temperature right after timing
+    finally:
+        torch.set_float32_matmul_precision("highest")
+    return {"dtype": dtype, "n": n, "zeros": zeros, "rel_err": rel_err, "timing": t.to_dict(), "clocks": after}
+
+
+def measure_launch(op, device: str, p: dict) -> dict:
+    """Time ``op(x, y, z)``, z = x + y on one element: the cost of one launch."""
+    x, y = torch.rand(1, device=device), torch.rand(1, device=device)
+    z = torch.empty_like(x)
+    op(x, y, z)
+    if not torch.equal(z, x + y):
+        raise _wrong("one-element add")
+    t = timing.bench(lambda: op(x, y, z), device=device, reps=p["reps"], target_ms=p["target_ms"], max_calls=1000)
+    return {"timing": t.to_dict()}
+
+
+def _check(params: dict, ops: dict) -> None:
+    missing = [k for k in PARAMS if k not in params]
+    if missing:
+        raise ValueError(f"params lack {missing}: pass sweep('full') or sweep('smoke'), or a copy of one")
+    absent = [k for k in OPS if not callable(ops.get(k))]
+    if absent:
+        raise ValueError(f"ops lack callables for {absent}: give one for each of {list(OPS)} (see chapter 0's notebook)")
+
+
+def measure(params: dict, device: str, ops: dict) -> dict:
+    """Every measurement of chapter 0 over ``params`` (``sweep``), with the calls ``ops`` (names in ``OPS``)."""
+    _check(params, ops)
+    p = params
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda" else 0
+    data = {"l2_bytes": l2, "copy": [], "copy_cold": [], "copy_kernel": [], "read": [], "matmul": [], "zeros": [],
+            "launch": None}
+    for nbytes in p["buffer_bytes"]:
+        data["copy"].append(measure_copy(ops["copy"], nbytes, device, p))
+        data["copy_kernel"].append(measure_copy(ops["copy_kernel"], nbytes, device, p))
+        if l2 and not ceilings.beyond_l2(2 * nbytes, l2):
+            data["copy_cold"].append(measure_copy(ops["copy"], nbytes, device, p, l2=l2))
+        data["read"].append(measure_read(ops["read"], nbytes, device, p))
+        print(f"copy/read {nbytes / MiB:8.2f} MiB done", flush=True)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    for dtype in p["dtypes"]:
+        for n in p["matmul_n"]:
+            data["matmul"].append(measure_matmul(ops["matmul"], dtype, n, device, p))
+            print(f"matmul {dtype} n={n} done", flush=True)
+    data["zeros"] = [measure_matmul(ops["matmul"], "bf16", p["zeros_n"], device, p, zeros=z) for z in (False, True)]
+    data["launch"] = measure_launch(ops["launch"], device, p)
+    return data
+
+
+# ---------------------------------------------------------------------------- analysis
+
+def bandwidth(data: dict) -> pd.DataFrame:
+    """One row per copy or read: its footprint (bytes one call touches), GPU and call time, and GB/s."""
+    return pd.DataFrame([
+        {
+            "method": label, "buffer_bytes": r["bytes"], "footprint_bytes": per * r["bytes"],
+            "GPU time (us)": r["timing"]["gpu_us"]["median"],
+            "GPU spread": timing.Stats.from_dict(r["timing"]["gpu_us"]).spread,
+            "call time (us)": r["timing"]["call_us"]["median"],
+            "GB/s": ceilings.gbps(per * r["bytes"], r["timing"]["gpu_us"]["median"]),
+            "GB/s, call time": ceilings.gbps(per * r["bytes"], r["timing"]["call_us"]["median"]),
+        }
+        for key, (label, per) in METHODS.items() for r in data[key]
+    ])
+
+
+def _clock(r: dict, key: str) -> float:
+    return (r["clocks"] or {}).get(key, float("nan"))
+
+
+def matmul(data: dict) -> pd.DataFrame:
+    """One row per product: times, TFLOP/s (2n^3 over the GPU time), relative error, clock and power."""
+    return pd.DataFrame([
+        {
+            "dtype": r["dtype"], "n": r["n"],
+            "GPU time (us)": r["timing"]["gpu_us"]["median"],
+            "GPU spread": timing.Stats.from_dict(r["timing"]["gpu_us"]).spread,
+            "call time (us)": r["timing"]["call_us"]["median"],
+            "TFLOP/s": ceilings.tflops(2.0 * r["n"] ** 3, r["timing"]["gpu_us"]["median"]),
+            "rel. error": r["rel_err"],
+            "SM clock (MHz)": _clock(r, "sm_MHz"),
+            "power (W)": _clock(r, "power_W"),
+        }
+        for r in data["matmul"]
+    ])
+
+
+def zeros(data: dict) -> pd.DataFrame:
+    """The bf16 product on random and on zero inputs, indexed by "random" / "zeros"."""
+    return pd.DataFrame([
+        {"inputs": "zeros" if r["zeros"] else "random", "n": r["n"], "GPU time (us)": r["timing"]["gpu_us"]["median"],
+         "TFLOP/s": ceilings.tflops(2.0 * r["n"] ** 3, r["timing"]["gpu_us"]["median"]),
+         "SM clock (MHz)": _clock(r, "sm_MHz"), "power (W)": _clock(r, "power_W")}
+        for r in data["zeros"]
+    ]).set_index("inputs")
+
+
+def call_over_gpu(bw: pd.DataFrame, mm: pd.DataFrame, launch: timing.Timing) -> pd.DataFrame:
+    """Every item timed (copies, reads, products, the launch) with its call time over its GPU time."""
+    items = pd.concat([
+        bw[["method", "GPU time (us)", "call time (us)"]],
+        mm.assign(method="matmul")[["method", "GPU time (us)", "call time (us)"]],
+        pd.DataFrame([{"method": "launch", "GPU time (us)": launch.gpu_us.median, "call time (us)": launch.call_us.median}]),
+    ], ignore_index=True)
+    items["call/GPU"] = items["call time (us)"] / items["GPU time (us)"]
+    return items
+
+
+SHORT, LONG = "GPU time <= 5 us", "GPU time >= 1 ms (memcpy aside)"
+
+
+def call_over_gpu_summary(items: pd.DataFrame) -> pd.DataFrame:
+    """The median call/GPU ratio of short items (GPU time <= 5 us) and of long ones (>= 1 ms; the memcpy,
+    whose eager copy runs faster than in a graph, aside)."""
+    short = items[items["GPU time (us)"] <= 5]
+    long = items[(items["GPU time (us)"] >= 1000) & (items["method"] != "memcpy")]
+    return pd.DataFrame({
+        "items": [len(short), len(long)],
+        "median call/GPU": [short["call/GPU"].median(), long["call/GPU"].median()],
+    }, index=[SHORT, LONG])
+
+
+def against_datasheet(c: dict, sheet: dict) -> pd.DataFrame:
+    """Each ceiling (``lib.bench.ceilings``) beside the datasheet's figure (NaN without a datasheet)."""
+    nan = float("nan")
+    ridge_sheet = sheet["bf16_tflops"] * 1e12 / (sheet["hbm_GBps"] * 1e9) if sheet else nan
+    rows = [
+        ("copy bandwidth (GB/s)", c["copy_bw_GBps"], sheet.get("hbm_GBps", nan)),
+        ("read bandwidth (GB/s)", c["read_bw_GBps"], sheet.get("hbm_GBps", nan)),
+        ("bf16 matmul (TFLOP/s)", c["bf16_tflops"], sheet.get("bf16_tflops", nan)),
+        ("fp16 matmul (TFLOP/s)", c["fp16_tflops"], sheet.get("fp16_tflops", nan)),
+        ("tf32 matmul (TFLOP/s)", c["tf32_tflops"], sheet.get("tf32_tflops", nan)),
+        ("fp32 matmul (TFLOP/s)", c["fp32_tflops"], sheet.get("fp32_tflops", nan)),
+        ("ridge, bf16 / copy (FLOP/byte)", c["ridge_flop_per_byte"], ridge_sheet),
+    ]
+    return pd.DataFrame(
+        [{"ceiling": k, "measured": v, "datasheet": s, "measured / datasheet": v / s} for k, v, s in rows]
+    ).set_index("ceiling")
+
+
+def findings(bw: pd.DataFrame, mm: pd.DataFrame, c: dict) -> dict:
+    """The quantities the chapter's page quotes and its claims check, by name:
+
+    - ``l2_peak_GBps``: the best hot copy (memcpy or kernel) whose footprint is at most half the L2;
+      ``l2_edge_bytes``: the largest footprint at which a hot copy still beats HBM by 20%, where the
+      L2's help ends (``l2_edge_over_l2`` relative to the L2).
+    - ``cold_small_max_GBps``: the best rotated copy below half the L2; ``cold_smallest_*``: the
+      smallest rotated copy.
+    - ``memcpy_graph_over_eager`` / ``kernel_graph_over_eager``: GPU time over call time of copies of
+      at least 1 GiB footprint (median); ``memcpy_*_big_GBps``: their bandwidth both ways.
+    - ``copy_best_*``: the copy that set the bandwidth ceiling (method, footprint, spread).
+    - ``bf16_*``: the n of the best bf16 rate, its spread and clock; the largest n, its rate, clock and
+      power; the highest clock seen and the largest n's clock over it (``bf16_clock_drop``).
+    - ``full_clock_n``: the largest n at which bf16 and fp16 both ran within 1% of the highest clock
+      (there the formats compare fairly), and fp16 over bf16 there; ``matmul_big_spread_max``: the
+      largest spread of bf16 and fp16 products beyond that n.
+    - relative errors of the fp32 (TF32 off) and tf32 (TF32 on) products: median, worst, best.
+    """
+    nan = float("nan")
+    L2 = c["l2_bytes"]
+    hot = bw[bw["method"].isin(["memcpy", "kernel copy"])]
+    l2_edge = hot[hot["GB/s"] >= 1.2 * c["copy_bw_GBps"]]["footprint_bytes"].max() if L2 else nan
+    cold = bw[bw["method"] == "memcpy, L2 defeated"]
+    memcpy_big = bw[(bw["method"] == "memcpy") & (bw["footprint_bytes"] >= 1 << 30)]
+    kernel_big = bw[(bw["method"] == "kernel copy") & (bw["footprint_bytes"] >= 1 << 30)]
+    best_copy = hot[hot["footprint_bytes"] >= ceilings.HBM_FACTOR * L2].sort_values("GB/s").iloc[-1]
+    bf16 = mm[mm["dtype"] == "bf16"].set_index("n")
+    fp16 = mm[mm["dtype"] == "fp16"].set_index("n")
+    best_n = bf16["TFLOP/s"].idxmax()
+    largest_n = bf16.index.max()
+    top_clock = bf16["SM clock (MHz)"].max()
+    full = [n for n in bf16.index if min(bf16.loc[n, "SM clock (MHz)"], fp16.loc[n, "SM clock (MHz)"]) >= 0.99 * top_clock]
+    full_n = max(full) if full else nan
+    big_half = mm[mm["dtype"].isin(["bf16", "fp16"]) & (mm["n"] > (full_n if full else 0))]
+    rel_err = {dt: mm[mm["dtype"] == dt]["rel. error"] for dt in ("tf32", "fp32")}
+    return {
+        "l2_peak_GBps": hot[hot["footprint_bytes"] <= L2 / 2]["GB/s"].max() if L2 else nan,
+        "l2_edge_bytes": l2_edge,
+        "l2_edge_over_l2": l2_edge / L2 if L2 else nan,
+        "cold_small_max_GBps": cold[cold["footprint_bytes"] <= L2 / 2]["GB/s"].max() if len(cold) else nan,
+        "cold_smallest_GBps": cold["GB/s"].iloc[0] if len(cold) else nan,
+        "cold_smallest_footprint_bytes": cold["footprint_bytes"].iloc[0] if len(cold) else nan,
+        "memcpy_graph_over_eager": (memcpy_big["GPU time (us)"] / memcpy_big["call time (us)"]).median(),
+        "kernel_graph_over_eager": (kernel_big["GPU time (us)"] / kernel_big["call time (us)"]).median(),
+        "memcpy_graph_big_GBps": memcpy_big["GB/s"].median(),
+        "memcpy_eager_big_GBps": memcpy_big["GB/s, call time"].median(),
+        "copy_best_method": best_copy["method"],
+        "copy_best_footprint_bytes": best_copy["footprint_bytes"],
+        "copy_best_spread": best_copy["GPU spread"],
+        "bf16_best_n": best_n,
+        "bf16_best_spread": bf16.loc[best_n, "GPU spread"],
+        "bf16_best_clock_MHz": bf16.loc[best_n, "SM clock (MHz)"],
+        "bf16_largest_n": largest_n,
+        "bf16_largest_tflops": bf16.loc[largest_n, "TFLOP/s"],
+        "bf16_largest_clock_MHz": bf16.loc[largest_n, "SM clock (MHz)"],
+        "bf16_largest_power_W": bf16.loc[largest_n, "power (W)"],
+        "bf16_max_clock_MHz": top_clock,
+        "bf16_clock_drop": bf16.loc[largest_n, "SM clock (MHz)"] / top_clock,
+        "full_clock_n": full_n,
+        "fp16_over_bf16_full_clock": fp16.loc[full_n, "TFLOP/s"] / bf16.loc[full_n, "TFLOP/s"] if full else nan,
+        "matmul_big_spread_max": big_half["GPU spread"].max(),
+        "tf32_rel_err": rel_err["tf32"].median(),
+        "fp32_rel_err": rel_err["fp32"].median(),
+        "tf32_rel_err_min": rel_err["tf32"].min(),
+        "fp32_rel_err_max": rel_err["fp32"].max(),
+    }

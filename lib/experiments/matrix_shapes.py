@@ -1,0 +1,143 @@
+"""Chapter 1, matrix shapes of prefill and decode: the sweep that times Y = XW over M, and its tables.
+
+The notebook defines what is timed: ``linear(M, K, N, device)`` makes one set of bf16 buffers
+(x [M, K], w [N, K] in the layout of ``nn.Linear``, y [M, N]) and returns them with the call that
+computes y = x w^T on them. This module runs it for each of the four linear layers of a Llama-3-8B
+block (``SHAPES``, as K -> N) and each M of ``sweep(size)``, twice:
+
+- cold: ``timing.rotation`` sets of buffers whose total is four times the L2, used in turn, so each
+  call reads its weight from HBM;
+- hot: one set, called over and over, so a weight that fits in the L2 stays there.
+
+Before timing, the first set's product is compared on its first rows with a float32 reference (a
+relative error of at most 1e-2 passes, bf16 rounding being about 4e-3). The profiler counts the GPU
+kernels one call launches (``lib.bench.profile``), which the roofline model charges one launch each.
+
+The analysis functions add F, Q, intensity, rate, bandwidth and the roofline model's time to every
+point (``points``), and pick the numbers the chapter's page quotes (``findings``).
+
+Chapter: 1 (matrix shapes); chapter 2 sets its points against the roofline again.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from lib import costs
+from lib.bench import profile, timing
+
+SHAPES = dict(costs.LLAMA3_8B["linears"])  # layer -> (K, N)
+BYTES = 2  # bf16, the element size of every buffer the notebook's ``linear`` makes
+MAX_REL_ERR = 1e-2  # against a float32 product of the same bf16 inputs
+PARAMS = ("shapes", "M", "reps", "target_ms")
+
+
+def sweep(size: str) -> dict:
+    """The layers (name -> (K, N)) and the M measured."""
+    if size == "full":
+        return {
+            "shapes": dict(SHAPES),
+            "M": [1, 2, 3, 4, 8, 16, 32, 64, 100, 128, 256, 512, 1000, 1024, 1500, 2048, 4096, 8192, 16384],
+            "reps": 25,
+            "target_ms": 1.5,
+        }
+    if size == "smoke":
+        return {  # the same four layers, 16 times narrower, and a few M
+            "shapes": {name: (k // 16, n // 16) for name, (k, n) in SHAPES.items()},
+            "M": [1, 3, 16, 100],
+            "reps": 3,
+            "target_ms": 0.2,
+        }
+    raise ValueError(f"size={size!r}: the sweep has a 'full' and a 'smoke' size")
+
+
+# ---------------------------------------------------------------------------- measuring
+
+def measure_linear(linear, name: str, K: int, N: int, M: int, cold: bool, device: str, l2: int, p: dict) -> dict:
+    """One point: ``linear``'s call for one layer and one M, checked, then timed (cold: rotating sets)."""
+    sets = timing.rotation(costs.linear_bytes(M, K, N, BYTES), l2) if (cold and l2) else 1
+    made = [linear(M, K, N, device) for _ in range(sets)]
+    (x, w, y), call = made[0]
+    call()
+    rows = min(M, 64)
+    ref = x[:rows].float() @ w.float().t()
+    rel_err = ((y[:rows].float() - ref).norm() / ref.norm()).item()
+    if not rel_err < MAX_REL_ERR:
+        raise AssertionError(f"{name} M={M}: relative error {rel_err:.2e} against float32, at most {MAX_REL_ERR:.0e} "
+                             "allowed: the call does not compute y = x w^T, and a wrong call is not timed")
+    fns = [fn for _, fn in made]
+    t = timing.bench(fns, device=device, reps=p["reps"], target_ms=p["target_ms"])
+    return {"name": name, "K": K, "N": N, "M": M, "cold": cold, "sets": sets, "rel_err": rel_err,
+            "kernels": profile.kernels_per_call(fns[0], device), "timing": t.to_dict()}
+
+
+def measure(params: dict, device: str, linear) -> dict:
+    """Every point of chapter 1: each layer of ``params["shapes"]``, each M, cold then hot."""
+    missing = [k for k in PARAMS if k not in params]
+    if missing:
+        raise ValueError(f"params lack {missing}: pass sweep('full') or sweep('smoke'), or a copy of one")
+    if not callable(linear):
+        raise TypeError("linear must be a function (M, K, N, device) -> ((x, w, y), call); see chapter 1's notebook")
+    p = params
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda" else 0
+    rows = []
+    for name, (K, N) in p["shapes"].items():
+        for M in p["M"]:
+            for cold in (True, False):
+                rows.append(measure_linear(linear, name, K, N, M, cold, device, l2, p))
+            if device == "cuda":
+                torch.cuda.empty_cache()
+        print(f"{name} done", flush=True)
+    return {"l2_bytes": l2, "points": rows}
+
+
+# ---------------------------------------------------------------------------- analysis
+
+def points(data: dict, roof: costs.Roofline) -> pd.DataFrame:
+    """One row per product: times, kernels, F, Q, I = F/Q, TFLOP/s, GB/s, and the model's time
+    max(F/P, Q/BW, kernels x t_launch) with measured over model. No kernel count (the CPU) counts 1."""
+    pts = pd.DataFrame([
+        {
+            "layer": r["name"], "K": r["K"], "N": r["N"], "M": r["M"], "L2": "cold" if r["cold"] else "hot",
+            "GPU time (us)": r["timing"]["gpu_us"]["median"],
+            "GPU spread": timing.Stats.from_dict(r["timing"]["gpu_us"]).spread,
+            "call time (us)": r["timing"]["call_us"]["median"],
+            "kernels": r["kernels"] or 1,
+            "rel. error": r["rel_err"],
+        }
+        for r in data["points"]
+    ])
+    pts["F"] = [costs.linear_flops(m, k, n) for m, k, n in zip(pts["M"], pts["K"], pts["N"])]
+    pts["Q"] = [costs.linear_bytes(m, k, n, BYTES) for m, k, n in zip(pts["M"], pts["K"], pts["N"])]
+    pts["I (FLOP/byte)"] = pts["F"] / pts["Q"]
+    pts["TFLOP/s"] = pts["F"] / pts["GPU time (us)"] / 1e6
+    pts["GB/s"] = pts["Q"] / pts["GPU time (us)"] / 1e3
+    pts["model (us)"] = [roof.time(f, q, k) * 1e6 for f, q, k in zip(pts["F"], pts["Q"], pts["kernels"])]
+    pts["measured / model"] = pts["GPU time (us)"] / pts["model (us)"]
+    return pts
+
+
+def findings(cold: pd.DataFrame, decode: pd.DataFrame) -> dict:
+    """The quantities the chapter's page quotes and its claims check, from the L2-defeated points:
+    the K=N=4096 layer ("o") at M=1 (time, GB/s, call time), its worst time up to M=64 over M=1, its rate
+    at the largest M, and M=1000 and M=1500 against M=1024; gate_up's weight read rate at M=1; the best
+    rate of all, the worst at M >= 1024, the worst over layers at the largest M; decode at B=128 over B=1.
+    NaN where the sweep lacks a size."""
+    nan = float("nan")
+    o = cold[cold["layer"] == "o"].set_index("M")
+    t1 = o.loc[1, "GPU time (us)"]
+    return {
+        "o_m1_us": t1,
+        "o_m1_GBps": o.loc[1, "GB/s"],
+        "o_m1_call_us": o.loc[1, "call time (us)"],
+        "o_m64_max_over_m1": o[o.index <= 64]["GPU time (us)"].max() / t1,
+        "o_mmax_tflops": o["TFLOP/s"].iloc[-1],
+        "m_1000_over_1024": o.loc[1000, "GPU time (us)"] / o.loc[1024, "GPU time (us)"] if 1000 in o.index else nan,
+        "m_1500_over_1024": o.loc[1500, "GPU time (us)"] / o.loc[1024, "GPU time (us)"] if 1500 in o.index else nan,
+        "gate_up_m1_GBps": cold[(cold["layer"] == "gate_up") & (cold["M"] == 1)]["GB/s"].iloc[0],
+        "max_tflops_all": cold["TFLOP/s"].max(),
+        "min_tflops_big": cold[cold["M"] >= 1024]["TFLOP/s"].min(),
+        "largest_M_min_tflops": cold[cold["M"] == cold["M"].max()]["TFLOP/s"].min(),
+        "decode_gain_b128": decode.loc[128, "vs B=1"] if 128 in decode.index else nan,
+    }
