@@ -1,0 +1,340 @@
+"""Chapter 6's experiment: what one engine step costs on the GPU, a cost model fitted to it, and the
+batching policies simulated with that cost model.
+
+Measuring (``measure``): chapter 5's Llama-style model (``lib.model``) with a paged KV pool filled with
+random values is timed (``lib.bench.timing.bench``: GPU time and call time) in three kinds of step:
+
+- stack: a prefill of M tokens with no earlier context, for each M of ``stack``;
+- context: a prefill of ``new`` tokens after ``ctx`` tokens already in the pool, for each pair;
+- decode: one decode step of B requests of L tokens of context each, for each (B, L) with B L at most
+  ``max_kv_tokens``.
+
+The timed calls are the notebook's ``prefill`` and ``decode`` paths. Before a path is timed its output is
+checked against the model's other path, which computes the same logits another way: the last logits of a
+prefill against a decode step of the last token over the same pool (the paged decode-attention kernel), and
+a decode step's logits for its first and last request against a one-token prefill at that request's last
+position (attention over the pages gathered whole), within ``TOLERANCE`` of the largest logit.
+
+Fitting (``fit_cost_model``): a step that prefills M tokens whose attention work is
+W = sum(new tokens x their mean context) and decodes requests reading K tokens of KV costs
+t = S(M) + alpha W + [decode] (delta + beta K): alpha is the median over the context points of their extra
+time per unit of work, S(M) the stack's time less alpha W (log-log interpolated by the cost model), beta the
+median slope of a line per batch size through the decode times against K, delta the median of those lines'
+intercepts less S(B).
+
+Simulating (``capacity_rps``, ``load_sweep``, ``incident``, ``offline``): ``lib.serving.simulate`` runs seeded
+workloads (``lib.workloads.requests``) through the fitted cost model under each policy. Every simulation's
+size is a number of requests given by the caller, never derived from a measured cost, so a smoke run's
+arbitrary CPU costs cannot make it long.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from lib import model, serving, workloads
+from lib.bench import fit, timing
+
+# largest |logit difference| a checked path may show against the other way of computing the same logits, as a
+# fraction of the largest |logit|, by dtype and device: float32 agrees to rounding on the CPU, while on a GPU
+# Triton's dots of float32 run in TF32 (10 bits of mantissa); bf16 keeps 7 bits of mantissa everywhere
+TOLERANCE = {("float32", "cpu"): 2e-5, ("float32", "cuda"): 5e-3, ("bfloat16", "cpu"): 0.1, ("bfloat16", "cuda"): 0.1}
+DTYPES = ("float32", "bfloat16")
+PARAM_KEYS = ("config", "dtype", "block", "seed", "reps", "target_ms", "stack", "context", "decode")
+
+
+def sweep(size: str) -> dict:
+    """The parameters of a run: "full" (the 1B model in bf16 on a GPU) or "smoke" (the tiny model in float32,
+    seconds on a CPU)."""
+    if size == "full":
+        return {"config": "1b", "dtype": "bfloat16", "block": 16, "seed": 0, "reps": 5, "target_ms": 1.0,
+                "stack": [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384],
+                "context": {"new": [256, 1024, 4096], "ctx": [4096, 16384]},
+                "decode": {"B": [1, 4, 16, 64, 256], "ctx": [128, 1024, 4096, 16384], "max_kv_tokens": 524288}}
+    if size == "smoke":
+        return {"config": "tiny", "dtype": "float32", "block": 4, "seed": 0, "reps": 2, "target_ms": 0.2,
+                "stack": [4, 8, 16, 32], "context": {"new": [4, 8], "ctx": [16]},
+                "decode": {"B": [1, 4], "ctx": [8, 32], "max_kv_tokens": 1024}}
+    raise ValueError(f"size must be 'full' or 'smoke', got {size!r}")
+
+
+def check_params(p: dict) -> None:
+    """Reject parameters ``measure`` cannot run, saying which and why."""
+    missing = [k for k in PARAM_KEYS if k not in p]
+    if missing:
+        raise ValueError(f"the parameters lack {missing}; start from sweep('full') or sweep('smoke')")
+    if p["config"] not in model.CONFIGS:
+        raise ValueError(f"config must be one of {sorted(model.CONFIGS)}, got {p['config']!r}")
+    if p["dtype"] not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES} (a model dtype the checks know), got {p['dtype']!r}")
+    sizes = {"stack": p["stack"], "context new": p["context"]["new"], "context ctx": p["context"]["ctx"],
+             "decode B": p["decode"]["B"], "decode ctx": p["decode"]["ctx"]}
+    bad = {k: v for k, v in sizes.items() if not v or any(not (isinstance(x, int) and x >= 1) for x in v)}
+    if bad:
+        raise ValueError(f"every size list must hold positive ints, got {bad}")
+    if len(p["stack"]) < 2 or sorted(p["stack"]) != p["stack"] or len(set(p["stack"])) < len(p["stack"]):
+        raise ValueError(f"stack must hold at least two increasing M (the cost model interpolates), got {p['stack']}")
+    if not set(p["context"]["new"]) <= set(p["stack"]):
+        raise ValueError(f"every context point's new tokens {p['context']['new']} must also be a stack M "
+                         f"{p['stack']}: the fit compares the two")
+
+
+def check_logits(what: str, got: torch.Tensor, expected: torch.Tensor, dtype: str, device: str) -> None:
+    """Raise unless ``got`` equals ``expected`` (same shape) within ``TOLERANCE[dtype, device]`` of the largest
+    expected logit."""
+    got, expected = got.float(), expected.float()
+    if tuple(got.shape) != tuple(expected.shape):
+        raise AssertionError(f"{what}: logits of shape {tuple(got.shape)}, expected {tuple(expected.shape)}")
+    err = float((got - expected).abs().max())
+    tol = TOLERANCE[dtype, device]
+    bound = tol * float(expected.abs().max())
+    if not err <= bound:  # a NaN fails too
+        raise AssertionError(f"{what}: logits differ from the model's other path by up to {err:.4g}, more than "
+                             f"{bound:.4g} ({tol} of the largest logit in {dtype} on {device}): the path computes "
+                             "something else")
+
+
+def measure(params: dict, device: str, *, prefill, decode) -> dict:
+    """Time the steps of the sweep (see the module) on ``device`` ("cuda" or "cpu") through the paths
+
+    - ``prefill(m, pool, tokens, blocks, cached)``: the last token's logits [1, vocab] of a prefill of
+      ``tokens`` after ``cached`` tokens already in the pool;
+    - ``decode(m, pool, tokens, table, lens)``: logits [B, vocab] of one decode step of B requests.
+
+    Returns {"points": [{"kind", "new", "ctx", "timing"}, ...], "params_count"}."""
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
+    check_params(params)
+    p, dev = params, device
+    torch.manual_seed(p["seed"])
+    cfg = model.CONFIGS[p["config"]]
+    m = model.TinyLlama(cfg, seed=p["seed"], dtype=getattr(torch, p["dtype"]), device=dev)
+    bs = p["block"]
+    longest = max(max(p["stack"]), max(p["context"]["new"]) + max(p["context"]["ctx"]))
+    blocks_needed = max(longest // bs + 1, p["decode"]["max_kv_tokens"] // bs + max(p["decode"]["B"]))
+    pool = m.new_pool(blocks_needed, bs)
+    pool.k.normal_()
+    pool.v.normal_()
+    all_blocks = torch.arange(blocks_needed, device=dev)
+
+    def bench(fn):
+        return timing.bench([fn], device=dev, reps=p["reps"], warmup=1, target_ms=p["target_ms"]).to_dict()
+
+    def checked_prefill(toks, c):
+        """The prefill path's last logits against a decode step of the last token over the pool it filled."""
+        n = len(toks)
+        got = prefill(m, pool, toks, all_blocks, c)  # writes the K and V of positions c .. n - 1
+        table = all_blocks[: -(-n // bs)].to(torch.int32)[None, :]
+        expected = m.decode(toks[-1:], pool, table, torch.tensor([n], dtype=torch.int32, device=dev))
+        check_logits(f"prefill of {n - c} tokens after {c}", got, expected, p["dtype"], dev)
+
+    rows = []
+    for M in p["stack"]:
+        toks = torch.randint(0, cfg.vocab, (M,), device=dev)
+        checked_prefill(toks, 0)
+        rows.append({"kind": "stack", "new": M, "ctx": 0,
+                     "timing": bench(lambda toks=toks: prefill(m, pool, toks, all_blocks, 0))})
+    for c in p["context"]["ctx"]:
+        for new in p["context"]["new"]:
+            toks = torch.randint(0, cfg.vocab, (c + new,), device=dev)
+            checked_prefill(toks, c)
+            rows.append({"kind": "context", "new": new, "ctx": c,
+                         "timing": bench(lambda toks=toks, c=c: prefill(m, pool, toks, all_blocks, c))})
+    print("prefill done", flush=True)
+    for B in p["decode"]["B"]:
+        for L in p["decode"]["ctx"]:
+            if B * L > p["decode"]["max_kv_tokens"]:
+                continue
+            pages = -(-L // bs)
+            table = torch.arange(B * pages, device=dev, dtype=torch.int32).view(B, pages)
+            lens = torch.full((B,), L, device=dev, dtype=torch.int32)
+            toks = torch.randint(0, cfg.vocab, (B,), device=dev)
+            out = decode(m, pool, toks, table, lens)
+            for b in sorted({0, B - 1}):  # the first and the last request: a one-token prefill at position L - 1
+                expected = m.prefill(toks[b].repeat(L), pool, table[b].long(), L - 1, last_only=True)
+                check_logits(f"decode step of {B} requests of {L} tokens, request {b}", out[b : b + 1], expected,
+                             p["dtype"], dev)
+            rows.append({"kind": "decode", "new": B, "ctx": L, "timing": bench(
+                lambda toks=toks, table=table, lens=lens: decode(m, pool, toks, table, lens))})
+    return {"points": rows, "params_count": cfg.params()}
+
+
+# ---------------------------------------------------------------------------- the cost model
+
+def work(new, ctx):
+    """Attention work of a prefill of ``new`` tokens after ``ctx``: new tokens x their mean context."""
+    return new * (ctx + new / 2)
+
+
+@dataclass
+class Calibration:
+    """The fitted cost model and what it was fitted from.
+
+    ``points``: one row per measured step (kind, new, ctx, GPU time (ms), call time (ms), spread, model (ms),
+    model / measured); ``lines``: per decode batch size B, the intercept (ms) and slope (ns per KV token) of
+    its line; ``alpha`` (s per unit of attention work), ``beta`` (s per KV token read), ``delta`` (s, a decode
+    step's fixed cost); ``stack_s``: the stack's measured time (s) at each M; ``fit_err``: |model / measured - 1|
+    per point."""
+
+    points: pd.DataFrame
+    lines: pd.DataFrame
+    stack_s: pd.Series
+    alpha: float
+    beta: float
+    delta: float
+    cost: serving.MeasuredCostModel
+    fit_err: pd.Series
+
+
+def points_frame(points: list[dict]) -> pd.DataFrame:
+    """The measured steps as a table: GPU and call time (ms, medians) and the GPU time's spread (IQR / median)."""
+    pts = pd.DataFrame(points)
+    pts["GPU time (ms)"] = [t["gpu_us"]["median"] / 1e3 for t in pts["timing"]]
+    pts["call time (ms)"] = [t["call_us"]["median"] / 1e3 for t in pts["timing"]]
+    pts["spread"] = [(t["gpu_us"]["q3"] - t["gpu_us"]["q1"]) / t["gpu_us"]["median"] for t in pts["timing"]]
+    return pts
+
+
+def fit_cost_model(points: list[dict]) -> Calibration:
+    """Fit t = S(M) + alpha W + [decode] (delta + beta K) to the measured steps (see the module)."""
+    pts = points_frame(points)
+    kinds = set(pts["kind"])
+    if not {"stack", "context", "decode"} <= kinds:
+        raise ValueError(f"the fit needs stack, context and decode points, got {sorted(kinds)}")
+    stack = pts[pts["kind"] == "stack"].set_index("new")["GPU time (ms)"] / 1e3
+    ctxp = pts[pts["kind"] == "context"]
+    dec = pts[pts["kind"] == "decode"]
+    # alpha: extra time per unit of attention work, from m new tokens after c tokens against m alone
+    alphas = [(r["GPU time (ms)"] / 1e3 - stack[r["new"]]) / (work(r["new"], r["ctx"]) - work(r["new"], 0))
+              for _, r in ctxp.iterrows()]
+    alpha = max(0.0, float(pd.Series(alphas).median()))  # a cost is never negative; on a CPU, noise can make it look so
+    S = {M: max(t - alpha * work(M, 0), 0.2 * t) for M, t in stack.items()}
+    # decode: per batch size a line through (K, t); delta = intercept minus S(B), beta = the slopes' median
+    lines = []
+    for B, g in dec.groupby("new"):
+        K = (g["new"] * g["ctx"]).tolist()
+        a0, b1 = fit.fit_line(K, (g["GPU time (ms)"] / 1e3).tolist()) if len(g) > 1 else (g["GPU time (ms)"].iloc[0] / 1e3, 0.0)
+        lines.append({"B": B, "intercept (ms)": a0 * 1e3, "slope (ns per KV token)": b1 * 1e9})
+    lines = pd.DataFrame(lines).set_index("B")
+    beta = max(0.0, float(lines["slope (ns per KV token)"].median()) / 1e9)
+    ms = sorted(S)
+    cost = serving.MeasuredCostModel.fitted(ms, [S[M] for M in ms], prefill_s_per_work=alpha, decode_fixed_s=0.0,
+                                            decode_s_per_kv_token=beta)
+    delta = max(0.0, float(pd.Series([lines.loc[B, "intercept (ms)"] / 1e3 - cost.linear(B) for B in lines.index]).median()))
+    cost = serving.MeasuredCostModel.fitted(ms, [S[M] for M in ms], prefill_s_per_work=alpha, decode_fixed_s=delta,
+                                            decode_s_per_kv_token=beta)
+
+    def predict(r):
+        if r["kind"] == "decode":
+            return cost.step(r["new"], 0.0, r["new"] * r["ctx"])
+        return cost.step(r["new"], work(r["new"], r["ctx"]), 0)
+
+    pts["model (ms)"] = [predict(r) * 1e3 for _, r in pts.iterrows()]
+    pts["model / measured"] = pts["model (ms)"] / pts["GPU time (ms)"]
+    fit_err = (pts["model / measured"] - 1).abs()
+    return Calibration(pts, lines, stack, alpha, beta, delta, cost, fit_err)
+
+
+# ---------------------------------------------------------------------------- simulations
+
+def _count(name: str, n) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{name} must be a positive int (requests per simulation), got {n!r}")
+    return n
+
+
+def saturated(cost, policy, mix, n: int, seed: int = 0) -> float:
+    """Output tokens per second with all ``n`` requests queued at once: what a throughput benchmark reports."""
+    reqs = workloads.requests(_count("n", n), 1e6, mix=mix, seed=seed)
+    return serving.summary(serving.simulate(reqs, cost, policy))["tokens_per_s"]
+
+
+def at_rate(cost, policy, rate: float, mix, n: int, seed: int = 0) -> tuple[list[dict], dict]:
+    """``n`` requests of ``mix`` arriving at ``rate`` per second: the simulated requests, and their summaries
+    {"all": ..., kind: ... for each kind of the mix} (``lib.serving.summary``)."""
+    if not (rate > 0 and math.isfinite(rate)):
+        raise ValueError(f"rate must be a positive number of requests per second, got {rate!r}")
+    res = serving.simulate(workloads.requests(_count("n", n), rate, mix=mix, seed=seed), cost, policy)
+    return res, {"all": serving.summary(res), **{kind: serving.summary(res, kind) for kind, _, _ in mix}}
+
+
+def capacity_rps(cost, policy, mix, n_saturated: int, n: int) -> float:
+    """Requests per second the policy sustains: its saturated tokens/s over the mean output of ``n`` requests."""
+    mean_output = sum(r["output"] for r in workloads.requests(_count("n", n), 1.0, mix=mix)) / n
+    return saturated(cost, policy, mix, n_saturated) / mean_output
+
+
+def load_sweep(cost, policies: dict, loads, capacity: float, mix, n: int) -> pd.DataFrame:
+    """Each policy at each load (a fraction of ``capacity`` requests/s): tokens/s and TTFT, TPOT, E2E
+    percentiles, indexed by (load, policy)."""
+    rows = []
+    for load in loads:
+        for name, pol in policies.items():
+            _, s = at_rate(cost, pol, load * capacity, mix, n)
+            s_all = s["all"]
+            rows.append({"load": load, "policy": name, "tokens/s": s_all["tokens_per_s"],
+                         "TTFT p50 (ms)": s_all["ttft_p50"] * 1e3, "TTFT p99 (ms)": s_all["ttft_p99"] * 1e3,
+                         "TPOT p50 (ms)": s_all["tpot_p50"] * 1e3, "TPOT p99 (ms)": s_all["tpot_p99"] * 1e3,
+                         "E2E p99 (s)": s_all["e2e_p99"]})
+    return pd.DataFrame(rows).set_index(["load", "policy"])
+
+
+def running_over_time(results: list[dict], bins: int) -> tuple[list[float], list[int]]:
+    """Requests running (admitted, not finished) at ``bins`` evenly spaced times from 0 to the last finish."""
+    if not results or bins < 1:
+        raise ValueError(f"need simulated requests and at least one bin, got {len(results)} and {bins}")
+    span = max(r["arrival"] + r["e2e"] for r in results)
+    edges = [span * i / bins for i in range(bins)]
+    return edges, [sum(1 for r in results if r["arrival"] + r["queue"] <= t < r["arrival"] + r["e2e"]) for t in edges]
+
+
+def incident(cost, configs: dict, rate: float, mix, n: int, n_saturated: int, slo_ttft: float,
+             slo_tpot: float) -> tuple[pd.DataFrame, dict]:
+    """Each configuration at ``rate`` requests/s of ``mix`` (a "chat" and a "doc" kind): benchmark (saturated),
+    production, per-kind and goodput tokens/s, and chat and doc TTFT and TPOT percentiles, indexed by config;
+    and each configuration's simulated requests as a DataFrame."""
+    kinds = {kind for kind, _, _ in mix}
+    if not {"chat", "doc"} <= kinds:
+        raise ValueError(f"the incident compares chat and doc requests; the mix has {sorted(kinds)}")
+    rows, per_config = [], {}
+    for name, pol in configs.items():
+        r_, s = at_rate(cost, pol, rate, mix, n)
+        s_all, s_chat, s_doc = s["all"], s["chat"], s["doc"]
+        per_config[name] = pd.DataFrame(r_)
+        rows.append({"config": name, "benchmark tokens/s": saturated(cost, pol, mix, n_saturated),
+                     "production tokens/s": s_all["tokens_per_s"],
+                     "chat tokens/s": s_chat["tokens_per_s"], "doc tokens/s": s_doc["tokens_per_s"],
+                     "goodput tokens/s": serving.goodput(r_, slo_ttft, slo_tpot),
+                     "chat TTFT p50 (ms)": s_chat["ttft_p50"] * 1e3, "chat TTFT p95 (ms)": s_chat["ttft_p95"] * 1e3,
+                     "chat TTFT p99 (ms)": s_chat["ttft_p99"] * 1e3, "doc TTFT p95 (ms)": s_doc["ttft_p95"] * 1e3,
+                     "chat TPOT p95 (ms)": s_chat["tpot_p95"] * 1e3, "doc TPOT p95 (ms)": s_doc["tpot_p95"] * 1e3})
+    return pd.DataFrame(rows).set_index("config"), per_config
+
+
+def breakdown(per_config: dict) -> pd.DataFrame:
+    """Where the slowest 5% of chats (by TTFT) spent their time before the first token, against all chats."""
+    rows = []
+    for name, d in per_config.items():
+        chat = d[d["kind"] == "chat"]
+        slow = chat[chat["ttft"] >= chat["ttft"].quantile(0.95)]
+        rows.append({"config": name, "chat TTFT p95 (ms)": chat["ttft"].quantile(0.95) * 1e3,
+                     "slowest 5%: queued (ms)": slow["queue"].mean() * 1e3,
+                     "slowest 5%: in prefill steps (ms)": slow["prefill"].mean() * 1e3,
+                     "all chats: queued (ms)": chat["queue"].mean() * 1e3,
+                     "all chats: in prefill steps (ms)": chat["prefill"].mean() * 1e3})
+    return pd.DataFrame(rows).set_index("config")
+
+
+def offline(cost, policies: dict, mix, n: int) -> pd.DataFrame:
+    """Each policy with all ``n`` requests queued at once: tokens/s, the time to finish them all, TTFT p50."""
+    rows = []
+    for name, pol in policies.items():
+        r_ = serving.simulate(workloads.requests(_count("n", n), 1e6, mix=mix, seed=0), cost, pol)
+        s_ = serving.summary(r_)
+        rows.append({"policy": name, "tokens/s": s_["tokens_per_s"],
+                     "all done (s)": max(r["arrival"] + r["e2e"] for r in r_), "TTFT p50 (s)": s_["ttft_p50"]})
+    return pd.DataFrame(rows).set_index("policy")

@@ -1,0 +1,245 @@
+"""Chapter 5's experiment: what a prefix-cache hit saves in prefill, what it does not save in decode, and
+what it leaks through the time to first token.
+
+One Llama-style model with random weights (``lib.model``, the "1b" configuration in bf16 on a GPU, "tiny" in
+float32 on a CPU smoke run) over a paged KV pool (``lib.kv_pool``) with a prefix cache (``lib.prefix_cache``).
+``measure`` runs three parts, in this order (the order fixes what each draws from the seeded generators):
+
+1. Exactness. A prompt of ``exact_len`` tokens is prefilled whole; separately, its first ``exact_frac``
+   (rounded down to a block) is prefilled alone into other blocks and the rest computed on top of them, as
+   after a cache hit. Both are compared with each other and with the same model in float32, over the
+   positions the cached prefill computes: largest logit difference and share of equal argmax.
+2. Side channel. For each prefix length and for a shared cache and a per-tenant salt in the keys: a
+   victim's request (a fresh random prefix plus ``suffix`` tokens) runs and is cached; then the attacker's
+   request (a guess of the same length plus its own ``suffix`` tokens) is timed from the lookup to its
+   first token on the host clock (``first_token``). The guess is the victim's prefix in half of the trials,
+   a random one in the other half, in a shuffled order after ``warmup`` rounds of each.
+3. Savings. For each prompt length ``n`` the whole prompt is prefilled once (its K and V are then in the
+   pool); for each cached fraction the ``prefill`` path computes positions ``c`` to ``n - 1`` (``c`` the
+   fraction of ``n`` rounded down to a block) and is timed with ``lib.bench.timing.bench`` (GPU time and
+   call time). Then one ``decode`` step (batch 1) at position ``n - 1`` is timed the same way.
+
+The timed paths are the notebook's (passed in as ``prefill``, ``decode`` and ``first_token``); before any
+is timed, its output is checked against an oracle: a cached prefill's last logits and a decode step's
+logits must equal the last logits of the whole prompt prefilled from position 0, within the precision of
+the dtype on the device (``TOLERANCE``, relative to the largest logit). A path that computes something else raises.
+
+Also here: ``replay_workload``, the cache-size and eviction-policy sweep of a prompt workload that the
+chapter runs on the CPU in every mode.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pandas as pd
+import torch
+
+from lib import model, prefix_cache
+from lib.bench import timing
+from lib.prefix_cache import PrefixCache
+
+# largest |logit difference| a checked path may show against the other way of computing the same logits, as a
+# fraction of the largest |logit|, by dtype and device: float32 agrees to rounding on the CPU, while on a GPU
+# Triton's dots of float32 run in TF32 (10 bits of mantissa); bf16 keeps 7 bits of mantissa everywhere
+TOLERANCE = {("float32", "cpu"): 2e-5, ("float32", "cuda"): 5e-3, ("bfloat16", "cpu"): 0.1, ("bfloat16", "cuda"): 0.1}
+DTYPES = ("float32", "bfloat16")
+ISOLATIONS = ("shared", "salted")
+PARAM_KEYS = ("config", "dtype", "block", "seed", "lengths", "fractions", "reps", "target_ms", "exact_len",
+              "exact_frac", "attack")
+ATTACK_KEYS = ("trials", "warmup", "prefixes", "suffix", "pool_blocks")
+
+
+def sweep(size: str) -> dict:
+    """The parameters of a run: "full" (the 1B model in bf16 on a GPU) or "smoke" (the tiny model in float32,
+    seconds on a CPU)."""
+    if size == "full":
+        return {"config": "1b", "dtype": "bfloat16", "block": 16, "seed": 0,
+                "lengths": [1024, 2048, 4096, 8192, 16384, 32768], "fractions": [0.0, 0.5, 0.75, 0.9, 0.97],
+                "reps": 5, "target_ms": 1.0, "exact_len": 8192, "exact_frac": 0.9,
+                "attack": {"trials": 200, "warmup": 10, "prefixes": [1024, 4096], "suffix": 64, "pool_blocks": 4096}}
+    if size == "smoke":
+        return {"config": "tiny", "dtype": "float32", "block": 4, "seed": 0, "lengths": [32, 64],
+                "fractions": [0.0, 0.5, 0.9], "reps": 2, "target_ms": 0.2, "exact_len": 64, "exact_frac": 0.9,
+                "attack": {"trials": 12, "warmup": 2, "prefixes": [16, 32], "suffix": 8, "pool_blocks": 256}}
+    raise ValueError(f"size must be 'full' or 'smoke', got {size!r}")
+
+
+def check_params(p: dict) -> None:
+    """Reject parameters ``measure`` cannot run, saying which and why."""
+    missing = [k for k in PARAM_KEYS if k not in p] + [f"attack.{k}" for k in ATTACK_KEYS if k not in p.get("attack", {})]
+    if missing:
+        raise ValueError(f"the parameters lack {missing}; start from sweep('full') or sweep('smoke')")
+    if p["config"] not in model.CONFIGS:
+        raise ValueError(f"config must be one of {sorted(model.CONFIGS)}, got {p['config']!r}")
+    if p["dtype"] not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES} (a model dtype the checks know), got {p['dtype']!r}")
+    bs = p["block"]
+    if not (isinstance(bs, int) and bs >= 1):
+        raise ValueError(f"block must be a positive int (tokens per KV block), got {bs!r}")
+    if any(not (isinstance(n, int) and n >= 2) for n in p["lengths"]):
+        raise ValueError(f"every prompt length must be an int >= 2 (a prefill leaves one token to compute), got {p['lengths']}")
+    if any(not 0 <= f < 1 for f in p["fractions"]):
+        raise ValueError(f"cached fractions must lie in [0, 1): at least one token is computed, got {p['fractions']}")
+    if p["exact_len"] < 2 * bs or not 0 < p["exact_frac"] < 1:
+        raise ValueError(f"exact_len ({p['exact_len']}) must hold two blocks of {bs} and exact_frac "
+                         f"({p['exact_frac']}) lie in (0, 1), so that a cached prefix and a computed rest exist")
+    a = p["attack"]
+    if a["trials"] < 2 or a["trials"] % 2:
+        raise ValueError(f"attack trials must be even and >= 2 (half right guesses, half wrong), got {a['trials']}")
+
+
+def check_logits(what: str, got: torch.Tensor, expected: torch.Tensor, dtype: str, device: str) -> float:
+    """Raise unless ``got`` equals ``expected`` (float32 logits of the same shape) within ``TOLERANCE[dtype, device]``
+    of the largest expected logit; return the largest difference."""
+    got = got.float()
+    if tuple(got.shape) != tuple(expected.shape):
+        raise AssertionError(f"{what}: logits of shape {tuple(got.shape)}, expected {tuple(expected.shape)}")
+    err = float((got - expected).abs().max())
+    tol = TOLERANCE[dtype, device]
+    bound = tol * float(expected.abs().max())
+    if not err <= bound:  # a NaN fails too
+        raise AssertionError(f"{what}: logits differ from the whole prompt's by up to {err:.4g}, more than {bound:.4g} "
+                             f"({tol} of the largest logit in {dtype} on {device}): the path computes something else")
+    return err
+
+
+def _sync(dev: str) -> None:
+    if dev == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure_exactness(m, m32, p: dict, gen: torch.Generator) -> dict:
+    """Logits of a prompt's last positions: whole prompt, reused prefix, and float32, compared."""
+    bs, n = p["block"], p["exact_len"]
+    c = int(p["exact_frac"] * n) // bs * bs
+    tokens = torch.randint(0, m.cfg.vocab, (n,), generator=gen).tolist()
+    pool = m.new_pool(2 * (n // bs + 1), bs)
+    whole = m.prefill(tokens, pool, pool.allocate(pool.blocks_for(n)), 0)[c:].float()
+    blocks = pool.allocate(pool.blocks_for(n))
+    m.prefill(tokens[:c], pool, blocks, 0)  # the prefix, as an earlier request computed it
+    reused = m.prefill(tokens, pool, blocks, c).float()
+    del pool
+    pool32 = m32.new_pool(n // bs + 1, bs)
+    ref = m32.prefill(tokens, pool32, pool32.allocate(pool32.blocks_for(n)), 0)[c:].double()
+    del pool32
+    return {"n": n, "cached": c, "logit_absmax": float(ref.abs().max()),
+            "reused_vs_whole": float((reused - whole).abs().max()),
+            "whole_vs_fp32": float((whole.double() - ref).abs().max()),
+            "reused_vs_fp32": float((reused.double() - ref).abs().max()),
+            "argmax_agree": float((reused.argmax(-1) == whole.argmax(-1)).float().mean()),
+            "argmax_agree_fp32": float((whole.argmax(-1) == ref.argmax(-1)).float().mean())}
+
+
+def measure_attack(m, p: dict, dev: str, first_token) -> list[dict]:
+    """The attacker's time to first token after a victim's request, right and wrong guesses (see the module)."""
+    a, bs = p["attack"], p["block"]
+    rng = random.Random(p["seed"])
+
+    def rand(k):
+        return [rng.randrange(m.cfg.vocab) for _ in range(k)]
+
+    rows = []
+    for plen, isolation in [(pl, iso) for pl in a["prefixes"] for iso in ISOLATIONS]:
+        victim_extra = ("tenant", "victim") if isolation == "salted" else ()
+        attacker_extra = ("tenant", "attacker") if isolation == "salted" else ()
+        pool = m.new_pool(a["pool_blocks"], bs)
+        cache = PrefixCache(pool)
+        order = [True, False] * (a["trials"] // 2)
+        rng.shuffle(order)
+        for i, positive in enumerate([True, False] * a["warmup"] + order):
+            prefix = rand(plen)
+            lv = cache.acquire(prefix + rand(a["suffix"]), victim_extra)
+            m.prefill(lv.tokens, pool, lv.blocks, lv.hit_tokens, last_only=True)
+            cache.commit(lv)
+            cache.release(lv)
+            guess = prefix if positive else rand(plen)
+            attack = guess + rand(a["suffix"])
+            _sync(dev)
+            t0 = time.perf_counter()
+            la, first = first_token(m, cache, attack, attacker_extra)
+            ttft = (time.perf_counter() - t0) * 1e6
+            cache.commit(la)
+            cache.release(la)
+            if i >= 2 * a["warmup"]:
+                rows.append({"prefix": plen, "isolation": isolation, "positive": positive, "hit_tokens": la.hit_tokens,
+                             "ttft_us": ttft, "first_token": first})
+        del pool, cache
+    return rows
+
+
+def measure_savings(m, p: dict, dev: str, gen: torch.Generator, prefill, decode) -> list[dict]:
+    """Timings of the cached prefill at every (length, fraction), and of one decode step at every length,
+    each path checked against the whole prompt's last logits first."""
+    bs = p["block"]
+    pool = m.new_pool(max(p["lengths"]) // bs + 1, bs)
+    rows = []
+    for n in p["lengths"]:
+        tokens = torch.randint(0, m.cfg.vocab, (n,), generator=gen, dtype=torch.long).to(dev)
+        blocks = torch.tensor(pool.allocate(pool.blocks_for(n)), device=dev)
+        whole = m.prefill(tokens, pool, blocks, 0)[-1:].float()  # the whole prompt's KV is in the pool
+        for frac in p["fractions"]:
+            c = int(frac * n) // bs * bs
+            check_logits(f"prefill of {n} tokens after {c} cached", prefill(m, pool, tokens, blocks, c), whole, p["dtype"], dev)
+            t = timing.bench([lambda c=c, tokens=tokens, blocks=blocks: prefill(m, pool, tokens, blocks, c)],
+                             device=dev, reps=p["reps"], warmup=1, target_ms=p["target_ms"])
+            rows.append({"n": n, "fraction": frac, "cached": c, "timing": t.to_dict()})
+        # one decode step after the prompt: its token is at position n - 1 (overwrites that slot's K and V), so
+        # its logits are the whole prompt's last ones
+        table = blocks.to(torch.int32)[None, :]
+        lens = torch.tensor([n], dtype=torch.int32, device=dev)
+        tok = tokens[-1:].clone()
+        check_logits(f"decode step at position {n - 1}", decode(m, pool, tok, table, lens), whole, p["dtype"], dev)
+        t = timing.bench([lambda tok=tok, table=table, lens=lens: decode(m, pool, tok, table, lens)], device=dev,
+                         reps=p["reps"], warmup=1, target_ms=p["target_ms"])
+        rows.append({"n": n, "fraction": None, "cached": None, "decode": True, "timing": t.to_dict()})
+        pool.decref(blocks.tolist())
+        pool.free(blocks.tolist())
+        print(f"n={n} done", flush=True)
+    return rows
+
+
+def measure(params: dict, device: str, *, prefill, decode, first_token) -> dict:
+    """Run the three parts (see the module) on ``device`` ("cuda" or "cpu") with the timed paths:
+
+    - ``prefill(m, pool, tokens, blocks, cached)``: logits [1, vocab] of the last token, computing positions
+      ``cached`` to n - 1 and reading the earlier K and V from the pool;
+    - ``decode(m, pool, token, table, lens)``: logits [1, vocab] of one decode step;
+    - ``first_token(m, cache, tokens, extra)``: the cache lease and the first output token of a request.
+
+    Returns {"params_count", "exactness", "savings", "attack"}."""
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
+    check_params(params)
+    p = params
+    gen = torch.Generator().manual_seed(p["seed"])
+    cfg = model.CONFIGS[p["config"]]
+    m = model.TinyLlama(cfg, seed=p["seed"], dtype=getattr(torch, p["dtype"]), device=device)
+    m32 = model.TinyLlama(cfg, seed=p["seed"], dtype=torch.float32, device=device)
+    exact = measure_exactness(m, m32, p, gen)
+    del m32
+    print(exact, flush=True)
+    attack = measure_attack(m, p, device, first_token)
+    savings = measure_savings(m, p, device, gen, prefill, decode)
+    return {"params_count": cfg.params(), "exactness": exact, "savings": savings, "attack": attack}
+
+
+def replay_workload(prompts, pool_blocks, cases, block_size: int) -> pd.DataFrame:
+    """Replay ``prompts`` (token lists) through caches of each size in ``pool_blocks`` (blocks of
+    ``block_size`` tokens) for each ``(policy, running)`` case (``lib.prefix_cache.replay``): one row per
+    replay with its hits, lookups, turned-away requests and evictions, its case's name, and ``saved``: the
+    hit tokens as a fraction of all prompt tokens (turned-away requests included)."""
+    if block_size < 1 or not pool_blocks or not cases:
+        raise ValueError(f"need a positive block size and at least one pool size and case, got {block_size}, "
+                         f"{pool_blocks}, {cases}")
+    total = sum(len(t) for t in prompts)
+    rows = []
+    for blocks in pool_blocks:
+        for policy, live in cases:
+            r = prefix_cache.replay(prompts, blocks, block_size, policy=policy, live=live)
+            rows.append({"pool blocks": blocks, "pool tokens": blocks * block_size, "policy": policy, "running": live, **r})
+    table = pd.DataFrame(rows)
+    table["case"] = [f"{p.upper()}, {n} running" for p, n in zip(table["policy"], table["running"])]
+    table["saved"] = table["hit_tokens"] / total
+    return table

@@ -1,0 +1,184 @@
+"""lib.experiments.batching (chapter 6): the smoke sweep measured on the CPU, its checks of the timed paths,
+the cost-model fit against known constants, and the simulations' sizes."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from lib import model, serving, workloads
+from lib.experiments import batching as bt
+
+
+def prefill_step(m, pool, tokens, blocks, cached):
+    return m.prefill(tokens, pool, blocks, cached, last_only=True)
+
+
+def decode_step(m, pool, tokens, table, lens):
+    return m.decode(tokens, pool, table, lens, check=False)
+
+
+# a sweep smaller than the smoke run's, for the checks that must raise
+SMALL = {**bt.sweep("smoke"), "stack": [4, 8], "context": {"new": [4], "ctx": [8]},
+         "decode": {"B": [3], "ctx": [8], "max_kv_tokens": 64}}
+MIX = (("chat", workloads.CHAT, 0.85), ("doc", workloads.LONG_DOC, 0.15))
+
+
+@pytest.fixture(scope="module")
+def smoke():
+    p = bt.sweep("smoke")
+    return p, bt.measure(p, "cpu", prefill=prefill_step, decode=decode_step)
+
+
+def test_smoke_data_structure(smoke):
+    p, d = smoke
+    assert set(d) == {"points", "params_count"} and d["params_count"] == model.CONFIGS["tiny"].params()
+    expected = ([("stack", M, 0) for M in p["stack"]]
+                + [("context", new, c) for c in p["context"]["ctx"] for new in p["context"]["new"]]
+                + [("decode", B, L) for B in (1, 4) for L in (8, 32)])  # B L <= 1024 everywhere
+    assert [(r["kind"], r["new"], r["ctx"]) for r in d["points"]] == expected
+    for r in d["points"]:
+        assert r["timing"]["gpu_us"]["n"] == p["reps"] and r["timing"]["gpu_us"]["median"] > 0
+    cal = bt.fit_cost_model(d["points"])  # whatever the CPU's noise, the fit gives costs >= 0
+    assert min(cal.alpha, cal.beta, cal.delta) >= 0 and len(cal.points) == len(expected)
+
+
+def test_decode_points_beyond_the_kv_limit_are_skipped():
+    # B L above max_kv_tokens is not measured: 3 x 8 = 24 tokens fit in 24, 3 x 16 does not
+    p = {**SMALL, "decode": {"B": [3], "ctx": [8, 16], "max_kv_tokens": 24}}
+    d = bt.measure(p, "cpu", prefill=prefill_step, decode=decode_step)
+    assert [(r["new"], r["ctx"]) for r in d["points"] if r["kind"] == "decode"] == [(3, 8)]
+
+
+def test_a_prefill_returning_the_first_position_raises():
+    def first_position(m, pool, tokens, blocks, cached):
+        return m.prefill(tokens, pool, blocks, cached)[:1]
+
+    with pytest.raises(AssertionError, match="prefill of 4 tokens after 0.*computes something else"):
+        bt.measure(SMALL, "cpu", prefill=first_position, decode=decode_step)
+
+
+def test_a_prefill_that_ignores_the_context_raises():
+    def no_context(m, pool, tokens, blocks, cached):  # the new tokens as if nothing came before them
+        return m.prefill(tokens[cached:], pool, blocks, 0, last_only=True)
+
+    with pytest.raises(AssertionError, match="prefill of 4 tokens after 8"):
+        bt.measure(SMALL, "cpu", prefill=no_context, decode=decode_step)
+
+
+def test_a_decode_step_that_mixes_up_requests_raises():
+    def swapped(m, pool, tokens, table, lens):  # request b gets request B-1-b's pages
+        return m.decode(tokens, pool, table.flip(0), lens, check=False)
+
+    with pytest.raises(AssertionError, match="decode step of 3 requests of 8 tokens, request 0"):
+        bt.measure(SMALL, "cpu", prefill=prefill_step, decode=swapped)
+
+
+def test_bad_parameters_are_refused():
+    with pytest.raises(ValueError, match="'full' or 'smoke'"):
+        bt.sweep("large")
+    with pytest.raises(ValueError, match="device must be"):
+        bt.measure(SMALL, "mps", prefill=prefill_step, decode=decode_step)
+    with pytest.raises(ValueError, match="lack.*stack"):
+        bt.measure({k: v for k, v in SMALL.items() if k != "stack"}, "cpu", prefill=prefill_step, decode=decode_step)
+    with pytest.raises(ValueError, match="must also be a stack M"):
+        bt.measure({**SMALL, "context": {"new": [5], "ctx": [8]}}, "cpu", prefill=prefill_step, decode=decode_step)
+    with pytest.raises(ValueError, match="positive ints"):
+        bt.measure({**SMALL, "decode": {"B": [0], "ctx": [8], "max_kv_tokens": 64}}, "cpu", prefill=prefill_step,
+                   decode=decode_step)
+
+
+def timing(t_s):
+    us = t_s * 1e6
+    stats = {"median": us, "q1": us, "q3": us, "min": us, "max": us, "n": 5}
+    return {"gpu_us": stats, "call_us": stats, "calls_per_sample": 1, "buffers": 1, "method": "synthetic"}
+
+
+def test_fit_recovers_known_constants():
+    # steps timed by a known model: S(M) = 1 ms + 2 us M, alpha = 3e-12 s per unit of work, delta = 0.5 ms,
+    # beta = 4e-9 s per KV token; decode batch sizes are stack points, so S(B) is read exactly
+    alpha, delta, beta = 3e-12, 5e-4, 4e-9
+
+    def S(M):
+        return 1e-3 + 2e-6 * M
+
+    pts = [{"kind": "stack", "new": M, "ctx": 0, "timing": timing(S(M) + alpha * bt.work(M, 0))}
+           for M in (1, 16, 256, 4096)]
+    pts += [{"kind": "context", "new": m, "ctx": c, "timing": timing(S(m) + alpha * bt.work(m, c))}
+            for c in (1024, 8192) for m in (16, 256)]
+    pts += [{"kind": "decode", "new": B, "ctx": L, "timing": timing(S(B) + delta + beta * B * L)}
+            for B in (1, 16, 256) for L in (128, 1024)]
+    cal = bt.fit_cost_model(pts)
+    assert cal.alpha == pytest.approx(alpha, rel=1e-6)
+    assert cal.beta == pytest.approx(beta, rel=1e-6)
+    assert cal.delta == pytest.approx(delta, rel=1e-6)
+    assert cal.fit_err.max() < 1e-6  # the model reproduces every point it was fitted to
+    assert cal.cost.step(4096, 0.0, 0) == pytest.approx(S(4096), rel=1e-6)
+    with pytest.raises(ValueError, match="stack, context and decode"):
+        bt.fit_cost_model([p for p in pts if p["kind"] != "context"])
+
+
+def flat_cost(step_s):
+    """Every step takes step_s seconds, whatever it does."""
+    return serving.MeasuredCostModel.fitted([1, 10**9], [step_s, step_s], prefill_s_per_work=0.0, decode_fixed_s=0.0,
+                                            decode_s_per_kv_token=0.0)
+
+
+def test_simulations_run_the_requests_asked_for_whatever_a_step_costs():
+    cont = serving.Policy("continuous", max_running=16, token_budget=4096, chunk=1024)
+    for step_s in (1e-3, 1e3):  # a step of a millisecond or of a quarter of an hour: the same work
+        cost = flat_cost(step_s)
+        res, s = bt.at_rate(cost, cont, 5.0, MIX, n=20)
+        assert len(res) == 20 and set(s) == {"all", "chat", "doc"} and s["all"]["requests"] == 20
+        loads = bt.load_sweep(cost, {"static": serving.Policy("static", max_batch=8), "continuous": cont},
+                              loads=(0.5, 1.0), capacity=4.0, mix=MIX, n=12)
+        assert list(loads.index) == [(0.5, "static"), (0.5, "continuous"), (1.0, "static"), (1.0, "continuous")]
+        off = bt.offline(cost, {"continuous": cont}, MIX, n=12)
+        assert list(off.index) == ["continuous"] and off.loc["continuous", "all done (s)"] > 0
+    # with every step alike, the tokens per second of all requests queued at once scale as 1 / step
+    assert bt.saturated(flat_cost(1e-3), cont, MIX, 30) == pytest.approx(1e6 * bt.saturated(flat_cost(1e3), cont, MIX, 30))
+
+
+def test_incident_and_breakdown_tables():
+    cost = flat_cost(2e-3)
+    configs = {"before": serving.Policy("continuous", max_running=8, token_budget=2048, prefill_first=True),
+               "fix": serving.Policy("continuous", max_running=8, token_budget=2048, chunk=512)}
+    table, per_config = bt.incident(cost, configs, 4.0, MIX, n=30, n_saturated=20, slo_ttft=0.05, slo_tpot=0.01)
+    assert list(table.index) == ["before", "fix"] and set(per_config) == {"before", "fix"}
+    assert all(len(d) == 30 for d in per_config.values())
+    assert (table["goodput tokens/s"] <= table["production tokens/s"] + 1e-9).all()
+    br = bt.breakdown(per_config)
+    assert list(br.index) == ["before", "fix"]
+    chats = per_config["before"][per_config["before"]["kind"] == "chat"]
+    assert br.loc["before", "all chats: queued (ms)"] == pytest.approx(chats["queue"].mean() * 1e3)
+    with pytest.raises(ValueError, match="chat and doc"):
+        bt.incident(cost, configs, 4.0, (("chat", workloads.CHAT, 1.0),), n=5, n_saturated=5, slo_ttft=1, slo_tpot=1)
+
+
+def test_running_over_time_hand_worked():
+    # one request runs over [0, 2), another arrives at 1 and runs over [1, 3): the span is 3 s; at 0, 1 and 2 s
+    # one, two and one request run
+    res = [{"arrival": 0.0, "queue": 0.0, "e2e": 2.0}, {"arrival": 1.0, "queue": 0.0, "e2e": 2.0}]
+    assert bt.running_over_time(res, bins=3) == ([0.0, 1.0, 2.0], [1, 2, 1])
+    # queued time is not running time: admitted at 1.5 s, the second is not running at 1 s
+    res[1]["queue"] = 0.5
+    assert bt.running_over_time(res, bins=3)[1] == [1, 1, 1]
+
+
+def test_simulation_sizes_must_be_positive_request_counts():
+    cost, cont = flat_cost(1e-3), serving.Policy("continuous")
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="positive int"):
+            bt.saturated(cost, cont, MIX, bad)
+    with pytest.raises(ValueError, match="rate must be"):
+        bt.at_rate(cost, cont, math.inf, MIX, n=5)
+    with pytest.raises(ValueError, match="at least one bin"):
+        bt.running_over_time([], bins=10)
+
+
+def test_points_frame_columns():
+    pts = bt.points_frame([{"kind": "stack", "new": 4, "ctx": 0, "timing": timing(2e-3)}])
+    assert isinstance(pts, pd.DataFrame)
+    assert pts.loc[0, "GPU time (ms)"] == pytest.approx(2.0) and pts.loc[0, "spread"] == 0

@@ -1,0 +1,131 @@
+"""lib.experiments.prefix_caching (chapter 5): the smoke sweep measured on the CPU, the structure of its data,
+its checks of the timed paths, and the workload replay."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lib import model
+from lib.experiments import prefix_caching as pc
+
+
+def cached_prefill(m, pool, tokens, blocks, cached):
+    return m.prefill(tokens, pool, blocks, cached, last_only=True)
+
+
+def decode_step(m, pool, tokens, table, lens):
+    return m.decode(tokens, pool, table, lens, check=False)
+
+
+def first_token(m, cache, tokens, extra):
+    lease = cache.acquire(tokens, extra)
+    return lease, int(m.prefill(tokens, cache.pool, lease.blocks, lease.hit_tokens, last_only=True)[0].argmax())
+
+
+PATHS = {"prefill": cached_prefill, "decode": decode_step, "first_token": first_token}
+
+
+@pytest.fixture(scope="module")
+def smoke():
+    p = pc.sweep("smoke")
+    return p, pc.measure(p, "cpu", **PATHS)
+
+
+def test_smoke_data_structure(smoke):
+    p, d = smoke
+    assert set(d) == {"params_count", "exactness", "savings", "attack"}
+    assert d["params_count"] == model.CONFIGS["tiny"].params()
+    ex = d["exactness"]
+    assert ex["n"] == 64 and ex["cached"] == 56  # 90% of 64 is 57.6, rounded down to blocks of 4
+    # in float32 the reused prefix gives the whole prompt's logits, and the float32 model is the same model
+    assert ex["reused_vs_whole"] <= 1e-5 * ex["logit_absmax"] and ex["whole_vs_fp32"] <= 1e-5 * ex["logit_absmax"]
+    assert ex["argmax_agree"] == ex["argmax_agree_fp32"] == 1.0
+
+
+def test_savings_rows_cover_every_length_and_fraction(smoke):
+    p, d = smoke
+    expected = []
+    for n in p["lengths"]:  # 32 and 64 tokens, fractions 0, 0.5, 0.9, blocks of 4
+        expected += [(n, f, int(f * n) // 4 * 4, None) for f in p["fractions"]] + [(n, None, None, True)]
+    assert [(r["n"], r["fraction"], r["cached"], r.get("decode")) for r in d["savings"]] == expected
+    assert [r["cached"] for r in d["savings"] if r["n"] == 32] == [0, 16, 28, None]
+    for r in d["savings"]:
+        t = r["timing"]
+        assert t["gpu_us"]["n"] == t["call_us"]["n"] == p["reps"] and t["gpu_us"]["median"] > 0
+
+
+def test_attack_rows_hit_exactly_the_victims_prefix(smoke):
+    p, d = smoke
+    a = p["attack"]
+    rows = d["attack"]
+    assert len(rows) == len(a["prefixes"]) * 2 * a["trials"]  # warm-up rounds are not kept
+    for plen in a["prefixes"]:
+        for iso in ("shared", "salted"):
+            g = [r for r in rows if r["prefix"] == plen and r["isolation"] == iso]
+            assert sum(r["positive"] for r in g) == a["trials"] // 2
+            for r in g:
+                # a right guess on a shared cache finds the whole prefix (whole blocks; the suffixes differ);
+                # a wrong guess, or any guess under a per-tenant salt, finds nothing
+                assert r["hit_tokens"] == (plen if r["positive"] and iso == "shared" else 0)
+                assert 0 <= r["first_token"] < model.CONFIGS["tiny"].vocab and r["ttft_us"] > 0
+
+
+def savings_with(prefill=cached_prefill, decode=decode_step):
+    p = {**pc.sweep("smoke"), "lengths": [32]}
+    m = model.TinyLlama(model.CONFIGS["tiny"], seed=0)
+    return pc.measure_savings(m, p, "cpu", torch.Generator().manual_seed(0), prefill, decode)
+
+
+def test_a_prefill_that_forgets_the_cached_prefix_raises():
+    def forgets_prefix(m, pool, tokens, blocks, cached):  # computes the suffix as if it were the whole prompt
+        return m.prefill(tokens[cached:], pool, blocks, 0, last_only=True)
+
+    with pytest.raises(AssertionError, match="prefill of 32 tokens after 16 cached.*computes something else"):
+        savings_with(prefill=forgets_prefix)
+
+
+def test_a_decode_step_at_the_wrong_position_raises():
+    def one_short(m, pool, tokens, table, lens):  # the new token one position early, over one token less
+        return m.decode(tokens, pool, table, lens - 1, check=False)
+
+    with pytest.raises(AssertionError, match="decode step at position 31"):
+        savings_with(decode=one_short)
+
+
+def test_a_path_returning_every_position_raises():
+    def all_logits(m, pool, tokens, blocks, cached):
+        return m.prefill(tokens, pool, blocks, cached)
+
+    with pytest.raises(AssertionError, match=r"shape \(32, 97\), expected \(1, 97\)"):
+        savings_with(prefill=all_logits)
+
+
+def test_bad_parameters_are_refused():
+    with pytest.raises(ValueError, match="'full' or 'smoke'"):
+        pc.sweep("tiny")
+    p = pc.sweep("smoke")
+    with pytest.raises(ValueError, match="device must be"):
+        pc.measure(p, "tpu", **PATHS)
+    with pytest.raises(ValueError, match="lack.*fractions"):
+        pc.measure({k: v for k, v in p.items() if k != "fractions"}, "cpu", **PATHS)
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        pc.measure({**p, "dtype": "int8"}, "cpu", **PATHS)
+    with pytest.raises(ValueError, match=r"cached fractions must lie in \[0, 1\)"):
+        pc.measure({**p, "fractions": [0.0, 1.0]}, "cpu", **PATHS)
+    with pytest.raises(ValueError, match="trials must be even"):
+        pc.measure({**p, "attack": {**p["attack"], "trials": 7}}, "cpu", **PATHS)
+
+
+def test_replay_workload_hand_worked():
+    # two identical prompts of 8 tokens in blocks of 4: the second finds both blocks cached but must compute
+    # its last token, so it reuses one block (4 tokens) of the 16 prompt tokens; a 3-token prompt has no full
+    # block and reuses nothing
+    table = pc.replay_workload([[1, 2, 3, 4, 5, 6, 7, 8]] * 2 + [[1, 2, 3]], pool_blocks=(8, 16),
+                               cases=(("lru", 1), ("fifo", 2)), block_size=4)
+    assert list(table["pool tokens"]) == [32, 32, 64, 64]
+    assert list(table["case"]) == ["LRU, 1 running", "FIFO, 2 running"] * 2
+    assert list(table["hit_tokens"]) == [4, 4, 4, 4]
+    assert list(table["saved"]) == [4 / 19] * 4
+    with pytest.raises(ValueError, match="positive block size"):
+        pc.replay_workload([[1, 2]], pool_blocks=(), cases=(("lru", 1),), block_size=4)
