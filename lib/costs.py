@@ -71,7 +71,7 @@ def kv_step_bytes(B: int, L: int, H_kv: int, d: int, b: int = 2) -> int:
 
 def kv_cache_bytes(layers: int, B: int, T: int, H_kv: int, d: int, b: int = 2) -> int:
     """Bytes of the KV cache of B requests of T tokens in a model of ``layers`` layers."""
-    _check_dims(layers=layers)
+    _check_dims(layers=layers, T=T)  # kv_step_bytes checks the rest, under the same names
     return layers * kv_step_bytes(B, T, H_kv, d, b)
 
 

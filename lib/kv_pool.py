@@ -14,7 +14,7 @@ Chapters: 5.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 
 import torch
 
@@ -43,7 +43,16 @@ class KVPool:
         return len(self._free)
 
     def is_free(self, block: int) -> bool:
-        return self._is_free[block]
+        return self._is_free[self._blocks([block])[0]]
+
+    def _blocks(self, blocks) -> list[int]:
+        """``blocks`` as a list, each checked to be a block number of this pool (a negative number would
+        otherwise name a block from the end)."""
+        blocks = list(blocks)
+        for b in blocks:
+            if not 0 <= b < self.num_blocks:
+                raise ValueError(f"block {b} is not in this pool: its blocks are numbered 0 to {self.num_blocks - 1}")
+        return blocks
 
     def blocks_for(self, tokens: int) -> int:
         """Blocks needed to hold ``tokens`` tokens."""
@@ -64,24 +73,34 @@ class KVPool:
         return blocks
 
     def incref(self, blocks) -> None:
+        """Take one more reference on each block; all or nothing."""
+        blocks = self._blocks(blocks)
         for b in blocks:
             if self._is_free[b]:
                 raise ValueError(f"block {b} is free: allocate it before taking a reference")
+        for b in blocks:
             self.refs[b] += 1
 
     def decref(self, blocks) -> list[int]:
-        """Drop one reference from each block; returns those now unreferenced (still allocated)."""
+        """Drop one reference from each block (a block listed twice loses two); returns those now
+        unreferenced (still allocated). All or nothing."""
+        blocks = self._blocks(blocks)
+        for b, n in Counter(blocks).items():
+            if self.refs[b] < n:  # a free block holds none
+                raise ValueError(f"block {b} holds {self.refs[b]} references, fewer than the {n} to drop: "
+                                 "a request drops each reference it took once")
         zero = []
         for b in blocks:
-            if self._is_free[b] or self.refs[b] <= 0:
-                raise ValueError(f"block {b} holds no reference to drop")
             self.refs[b] -= 1
             if self.refs[b] == 0:
                 zero.append(b)
         return zero
 
     def free(self, blocks) -> None:
-        """Return unreferenced blocks to the free list."""
+        """Return unreferenced blocks to the free list; all or nothing."""
+        blocks = self._blocks(blocks)
+        if len(set(blocks)) != len(blocks):
+            raise ValueError(f"blocks {blocks} name a block twice: a block is freed once, or two requests would get it")
         for b in blocks:
             if self._is_free[b] or self.refs[b] != 0:
                 raise ValueError(f"block {b} cannot be freed: it is free already or still referenced ({self.refs[b]})")

@@ -120,6 +120,8 @@ class PrefixCache:
 
     def commit(self, lease: Lease) -> None:
         """Register the request's full blocks (their KV now computed) under their keys."""
+        if lease.released:  # its uncached blocks are free again: registering them would serve another's KV
+            raise ValueError("this lease was released already: commit a request's blocks before releasing it")
         for i in range(lease.committed, len(lease.keys)):
             key, b = lease.keys[i], lease.blocks[i]
             if key in self.block_of:  # computed twice (two requests raced): keep the first copy

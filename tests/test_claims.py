@@ -72,3 +72,80 @@ def test_glue_pastes_the_table_and_the_counts(monkeypatch):
     c.glue()
     assert pasted["claims_held"] == 1.0 and pasted["claims_total"] == 3.0
     assert list(pasted["claims_table"]["holds"]) == ["yes", "NO", "NO"]
+
+
+def test_a_claim_exactly_at_its_bound_holds():
+    c = Claims(strict=True)
+    assert c.check("at the floor", 0.85, at_least=0.85)
+    assert c.check("at the ceiling", 1.3, at_most=1.3)
+    assert not c.check("just under the floor", math.nextafter(0.85, 0), at_least=0.85)
+    assert not c.check("just over the ceiling", math.nextafter(1.3, 2), at_most=1.3)
+    assert c.check("an integer bound", 2, at_least=2, at_most=2)
+    assert [x.text for x in c.failed] == ["just under the floor", "just over the ceiling"]
+
+
+def test_infinities_never_hold():
+    c = Claims(strict=False)
+    assert not c.check("inf above a floor", math.inf, at_least=0.0)
+    assert not c.check("-inf under a ceiling", -math.inf, at_most=0.0)
+    assert len(c.failed) == 2
+
+
+def test_the_table_shows_values_and_bounds_to_four_figures():
+    c = Claims(strict=False)
+    c.check("a big rate", 1234567.0, at_least=1e6)
+    c.check("a ratio", 0.123456, at_most=0.5)
+    c.check("a band", 1.0, at_least=0.95, at_most=1.05)
+    f = c.frame()
+    assert f.index.name == "claim" and list(f.index) == ["a big rate", "a ratio", "a band"]
+    assert list(f["value"]) == ["1.235e+06", "0.1235", "1"]
+    assert list(f["bound"]) == [">= 1e+06", "<= 0.5", ">= 0.95 and <= 1.05"]
+    assert list(f["holds"]) == ["yes", "yes", "yes"]
+
+
+def test_strict_report_lists_the_failures_in_order():
+    c = Claims(strict=1)  # any truthy value
+    c.check("fails one", 0.1, at_least=1.0)
+    c.check("holds", 2.0, at_least=1.0)
+    c.check("fails two", 5.0, at_most=1.0)
+    with pytest.raises(ClaimsFailed) as e:
+        c.report()
+    assert str(e.value) == ("2 of 3 claims do not hold on the reference set: "
+                            "fails one: 0.1, expected >= 1; fails two: 5, expected <= 1")
+    assert isinstance(e.value, AssertionError)
+
+
+def test_lenient_report_says_why_it_only_warns(capsys):
+    c = Claims(strict=0)
+    c.check("fails one", 0.1, at_least=1.0)
+    c.check("fails two", 5.0, at_most=1.0)
+    c.check("holds", 1.0, at_most=1.0)
+    c.report()  # does not raise
+    err = capsys.readouterr().err
+    assert err == ("WARNING: 2 of 3 claims do not hold on this data: fails one: 0.1, expected >= 1; "
+                   "fails two: 5, expected <= 1. Other hardware or a smoke-sized run may legitimately differ "
+                   "from the reference set.\n")
+
+
+def test_report_outside_a_notebook_prints_the_table(monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "IPython.display", None)  # importing it now raises ImportError
+    c = Claims(strict=True)
+    c.check("holds", 1.0, at_least=0.5)
+    c.report()
+    out = capsys.readouterr().out
+    assert "holds" in out and "1" in out and ">= 0.5" in out and "yes" in out
+
+
+def test_bad_claims_are_rejected_with_reasons():
+    c = Claims(strict=True)
+    with pytest.raises(ValueError, match="^claim 'unbounded' has no bound: give at_least=, at_most= or both$"):
+        c.check("unbounded", 1.0)
+    with pytest.raises(ValueError, match="^claim text must be non-empty and unique; '' is empty or already used$"):
+        c.check("", 1.0, at_least=0.0)
+    with pytest.raises(TypeError, match=r"^claim 'none': value must be a number, got None$"):
+        c.check("none", None, at_least=0.0)
+    with pytest.raises(ValueError, match="^no claims were checked: a chapter states its claims with check"):
+        c.report()
+    assert c.items == [] and c.failed == []  # a refused claim is not recorded

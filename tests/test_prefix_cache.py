@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -194,3 +195,214 @@ def test_replay_running_requests_pin_their_blocks():
     assert again["hit_tokens"] == 2 * 4  # the second round hits each prompt's first block (the last token is computed)
     with pytest.raises(ValueError, match="live"):
         prefix_cache.replay(prompts, 4, 4, live=0)
+
+
+# ---------------------------------------------------------------------------- keys, by an oracle
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=st.lists(st.integers(0, 2), max_size=12), b=st.lists(st.integers(0, 2), max_size=12),
+       bs=st.integers(1, 4))
+def test_block_keys_agree_exactly_when_the_whole_prefix_agrees(a, b, bs):
+    ka, kb = block_keys(a, bs), block_keys(b, bs)
+    assert len(ka) == len(a) // bs and len(kb) == len(b) // bs  # full blocks only
+    for i in range(min(len(ka), len(kb))):
+        same_prefix = a[: (i + 1) * bs] == b[: (i + 1) * bs]
+        assert (ka[i] == kb[i]) == same_prefix, f"block {i} of {a} and {b}"
+
+
+def test_keys_are_sha256_digests_and_do_not_depend_on_the_token_type():
+    keys = block_keys([1, 2, 3, 4], 2)
+    assert [len(k) for k in keys] == [32, 32] and keys[0] != keys[1]
+    assert block_keys(torch.tensor([1, 2, 3, 4]), 2) == keys  # a tensor of token ids names the same prefix
+    assert block_keys([12, 3], 2) != block_keys([1, 23], 2)  # token boundaries are part of the key
+    assert block_keys([], 2) == [] and block_keys([1], 2) == []
+
+
+def test_a_key_of_a_longer_block_is_not_a_key_of_shorter_ones():
+    assert not set(block_keys([1, 2, 3, 4], 2)) & set(block_keys([1, 2, 3, 4], 1))
+    assert not set(block_keys([1, 2], 1, ())) & set(block_keys([1, 2], 1, ("",)))
+
+
+# ---------------------------------------------------------------------------- lookup, leases, counters
+
+
+def test_lookup_finds_the_longest_cached_prefix_without_taking_it():
+    pool = KVPool(8, 2, storage=False)
+    cache = PrefixCache(pool)
+    lease = cache.acquire([1, 2, 3, 4, 5, 6, 7], ("w",))
+    cache.commit(lease)
+    refs = list(pool.refs)
+    assert cache.lookup([1, 2, 3, 4, 5, 6, 7], ("w",)) == lease.blocks[:3]
+    assert cache.lookup([1, 2, 3, 4, 9, 9], ("w",)) == lease.blocks[:2]  # stops at the first block that differs
+    assert cache.lookup([1, 2, 3], ("w",)) == lease.blocks[:1]  # whole blocks only
+    assert cache.lookup([1, 2, 3, 4], ("v",)) == []  # other weights
+    assert cache.lookup([1, 2, 3, 4]) == []  # no extras is an extra of its own
+    assert cache.lookup([9, 2, 3, 4], ("w",)) == []  # same second block, other past
+    assert cache.lookup([9, 9], keys=block_keys([1, 2, 3, 4], 2, ("w",))) == lease.blocks[:2]  # keys given: used
+    assert pool.refs == refs and cache.lookup_tokens == 7 and cache.hit_tokens == 0  # a lookup takes and counts nothing
+
+
+def test_a_lease_says_what_the_request_holds():
+    cache = PrefixCache(KVPool(8, 2, storage=False))
+    first = cache.acquire((t for t in [1, 2, 3, 4, 5]), ["w"])  # any iterables
+    assert first.tokens == [1, 2, 3, 4, 5] and first.extra == ("w",)
+    assert first.blocks == [0, 1, 2] and first.hit_tokens == 0 and first.committed == 0
+    assert first.keys == block_keys([1, 2, 3, 4, 5], 2, ("w",)) and not first.released
+    cache.commit(first)
+    assert first.committed == 2  # its two full blocks are registered; the partial third is not
+    second = cache.acquire([1, 2, 3, 4, 6, 7], ["w"])
+    assert second.blocks[:2] == [0, 1] and second.hit_tokens == 4 and second.committed == 2
+    assert second.blocks[2] not in first.blocks
+
+
+def test_hit_rate_counts_tokens_over_every_request():
+    cache = PrefixCache(KVPool(16, 4, storage=False))
+    assert cache.hit_rate == 0.0  # no lookups yet
+    cache.commit(cache.acquire(list(range(10))))  # 10 tokens, nothing cached
+    cache.commit(cache.acquire(list(range(8)) + [50, 51]))  # 8 cached tokens of 10
+    cache.commit(cache.acquire(list(range(4)) + [60] * 6))  # 4 of 10
+    assert (cache.hit_tokens, cache.lookup_tokens) == (12, 30)
+    assert cache.hit_rate == pytest.approx(12 / 30)
+
+
+def test_a_refused_request_is_not_counted():
+    cache = PrefixCache(KVPool(2, 2, storage=False))
+    cache.commit(cache.acquire([1, 2, 3]))
+    with pytest.raises(PoolExhausted):
+        cache.acquire([1, 2, 3, 4, 5, 6])
+    assert (cache.hit_tokens, cache.lookup_tokens) == (0, 3)
+
+
+def test_hits_that_are_evictable_are_not_counted_as_room():
+    """Three cached, unreferenced blocks are hits of a six-token prompt that needs three more blocks; the pool
+    has one free block and nothing else to evict once the hits are taken, so the request is refused whole."""
+    pool = KVPool(4, 1, storage=False)
+    cache = PrefixCache(pool)
+    a = cache.acquire([1, 2, 3])
+    cache.commit(a)
+    cache.release(a)
+    before = (list(pool.refs), pool.free_count, dict(cache.block_of), list(cache.evictable), cache.evictions)
+    with pytest.raises(PoolExhausted, match="needs 3 new blocks; 1 are free and 0 evictable of 4"):
+        cache.acquire([1, 2, 3, 4, 5, 6])
+    assert (list(pool.refs), pool.free_count, dict(cache.block_of), list(cache.evictable), cache.evictions) == before
+    fits = cache.acquire([1, 2, 3, 4])  # three hits and the one free block
+    assert fits.hit_tokens == 3 and cache.evictions == 0
+
+
+def test_eviction_makes_room_only_for_what_is_missing():
+    pool = KVPool(4, 1, storage=False)
+    cache = PrefixCache(pool)
+    a = cache.acquire([1, 2, 3])
+    cache.commit(a)
+    cache.release(a)
+    cache.acquire([7])  # the free block is enough: nothing evicted
+    assert cache.evictions == 0 and len(cache.evictable) == 3
+    cache.acquire([8, 9])  # two more: evicts two, the least recently released (a's tail first)
+    assert cache.evictions == 2 and list(cache.evictable) == [a.blocks[0]]
+    assert cache.lookup([1, 2, 3]) == [a.blocks[0]]
+
+
+def test_two_requests_that_computed_the_same_prefix_keep_the_first_copy_and_register_the_rest():
+    pool = KVPool(8, 2, storage=False)
+    cache = PrefixCache(pool)
+    a = cache.acquire([1, 2, 3, 4])
+    b = cache.acquire([1, 2, 5, 6])  # before a committed: computes [1, 2] again
+    assert b.hit_tokens == 0 and b.blocks[0] != a.blocks[0]
+    cache.commit(a)
+    cache.commit(b)
+    assert cache.lookup([1, 2, 5, 6, 0]) == [a.blocks[0], b.blocks[1]]  # the first copy of [1, 2], then b's own
+    assert b.blocks[0] not in cache.key_of
+    cache.release(b)
+    assert pool.is_free(b.blocks[0]) and b.blocks[1] in cache.evictable  # the duplicate goes back at once
+
+
+def test_a_lease_is_released_once_and_committed_before_it_is_released():
+    pool = KVPool(4, 2, storage=False)
+    cache = PrefixCache(pool)
+    lease = cache.acquire([1, 2, 3])
+    cache.release(lease)  # never committed: its blocks are freed at once
+    assert lease.released and pool.free_count == 4 and not cache.evictable
+    with pytest.raises(ValueError, match="^this lease was released already$"):
+        cache.release(lease)
+    with pytest.raises(ValueError, match="^this lease was released already: commit a request's blocks before releasing it$"):
+        cache.commit(lease)
+    assert not cache.block_of and pool.free_count == 4
+
+
+def test_policy_must_be_lru_or_fifo():
+    with pytest.raises(ValueError, match="policy must be 'lru' or 'fifo', got 'random'"):
+        PrefixCache(KVPool(2, 1, storage=False), "random")
+
+
+# ---------------------------------------------------------------------------- eviction orders, worked by hand
+
+
+def _two_prompts_then_reuse(policy):
+    """bs 1, 4 blocks. A=[1,2] and B=[5,6] are cached and released (tail first); [1,2,3] then reuses A's two
+    blocks and needs one more, so one of B's is evicted; finally [9,9] needs two blocks."""
+    pool = KVPool(4, 1, storage=False)
+    cache = PrefixCache(pool, policy)
+    a = cache.acquire([1, 2])
+    cache.commit(a)
+    cache.release(a)
+    b = cache.acquire([5, 6])
+    cache.commit(b)
+    cache.release(b)
+    reuse = cache.acquire([1, 2, 3])
+    assert reuse.blocks[:2] == a.blocks and reuse.hit_tokens == 2
+    first_evicted = [x for x in b.blocks if x not in cache.key_of]
+    cache.commit(reuse)
+    cache.release(reuse)
+    survivors_before = set(cache.key_of)
+    cache.acquire([9, 9])
+    second_evicted = sorted(survivors_before - set(cache.key_of))
+    return a, b, reuse, first_evicted, second_evicted, cache
+
+
+def test_lru_evicts_the_least_recently_released():
+    a, b, reuse, first, second, cache = _two_prompts_then_reuse("lru")
+    # released in the order a1 a0 b1 b0; a0 a1 were taken again, so b1 (released before b0) goes first
+    assert first == [b.blocks[1]]
+    # now released in the order b0, then reuse's tail first: r2 a1 a0. The two oldest: b0 and r2.
+    assert second == sorted([b.blocks[0], reuse.blocks[2]])
+    assert cache.lookup([1, 2, 3]) == a.blocks  # the recently used prefix survives
+    assert cache.evictions == 3
+
+
+def test_fifo_evicts_the_first_cached_whatever_was_used_since():
+    a, b, reuse, first, second, cache = _two_prompts_then_reuse("fifo")
+    # cached in the order a0 a1 b0 b1 r2; a0 a1 are held when the first eviction comes: b0 is the oldest left
+    assert first == [b.blocks[0]]
+    # then a0 and a1: first cached, even though they were just used
+    assert second == sorted(a.blocks)
+    assert cache.lookup([1, 2, 3]) == [] and cache.lookup([5, 6]) == []  # b1 stays, but its prefix b0 is gone
+    assert set(cache.key_of) == {b.blocks[1], reuse.blocks[2]}
+    assert cache.evictions == 3
+
+
+# ---------------------------------------------------------------------------- replay, worked by hand
+
+
+def test_replay_lru_and_fifo_worked_by_hand():
+    """bs 1, 4 blocks, one request at a time (the default): [1,2], [3,4], [1,2,7], [3,4].
+
+    The third request hits [1,2] and needs one block: LRU evicts the block of [3,4]'s 4 (its tail, released
+    first), FIFO the block of 3 (cached first). The fourth then finds [3] under LRU (hit 1 token, evicts 7's
+    block) and nothing under FIFO (evicts the blocks of 1 and 2, cached first)."""
+    prompts = [[1, 2], [3, 4], [1, 2, 7], [3, 4]]
+    lru = prefix_cache.replay(prompts, 4, 1)
+    assert lru == {"hit_rate": 3 / 9, "hit_tokens": 3, "lookup_tokens": 9, "rejected": 0, "evictions": 2}
+    fifo = prefix_cache.replay(prompts, 4, 1, policy="fifo")
+    assert fifo == {"hit_rate": 2 / 9, "hit_tokens": 2, "lookup_tokens": 9, "rejected": 0, "evictions": 3}
+
+
+def test_replay_live_requests_finish_exactly_live_arrivals_later():
+    prompts = [[1, 2], [3, 4], [1, 2, 7], [3, 4]]
+    # two at a time: [1,2] still runs when [3,4] arrives and finishes when [1,2,7] arrives (two arrivals later);
+    # [3,4] still runs then, so [1,2,7] has its 2 hits but no block for 7: refused (and not counted).
+    # [3,4] finishes when the last [3,4] arrives, which hits [3] (its last token is computed) and evicts one block.
+    two = prefix_cache.replay(prompts, 4, 1, live=2)
+    assert two == {"hit_rate": 1 / 6, "hit_tokens": 1, "lookup_tokens": 6, "rejected": 1, "evictions": 1}
+    with pytest.raises(ValueError, match="live must be a positive int"):
+        prefix_cache.replay(prompts, 4, 1, live=1.5)

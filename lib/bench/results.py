@@ -136,9 +136,12 @@ def read(path: str | Path, notebook: str | None = None, slug: str | None = None)
         )
     try:
         record = json.loads(path.read_text())
-        missing = {"schema", "notebook", "params", "code", "provenance", "data"} - set(record)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ResultsError(f"{show(path)} is not valid JSON ({e}). {remeasure_hint(notebook, slug)}.") from e
+    if not isinstance(record, dict):
+        raise ResultsError(f"{show(path)} is not a results file: it holds a JSON {type(record).__name__}, not an "
+                           f"object. {remeasure_hint(notebook, slug)}.")
+    missing = {"schema", "notebook", "params", "code", "provenance", "data"} - set(record)
     if missing or record["schema"] != SCHEMA:
         raise ResultsError(
             f"{show(path)} is not a results file of schema {SCHEMA} (missing keys: "
