@@ -7,12 +7,18 @@ fp32 here (the interpreter computes bf16 wrongly); bf16 at full size is checked 
 
 from __future__ import annotations
 
+import math
 import types
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lib.kernels import decode_attention as da
+from lib.kernels import launch
+
+triton = da.triton  # as the kernels imported it
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 
@@ -119,63 +125,96 @@ def test_splits_past_the_block_table(combine):
         assert rel_err(out, ref) < 1e-5, block_n
 
 
-def test_choose_tile():
-    # groups of up to 16 query heads: one warp, tiles of 16 (the seed: B=8, H_kv=8, 4 heads per KV head)
-    assert da.choose_tile(pairs=64, max_len=4096, sms=132, group=4) == (16, True, 1)
-    assert da.choose_tile(pairs=512, max_len=512, sms=132, group=4) == (16, True, 1)
-    assert da.choose_tile(pairs=2048, max_len=4096, sms=132, group=1) == (64, False, 4)  # many programs
-    assert da.choose_tile(pairs=64, max_len=16384, sms=132, group=32) == (64, True, 4)  # splits of 2048 tokens
-    # groups of 32 over more than 1024 tokens: tiles of 64; over 1024 or fewer, tiles of 32
-    assert da.choose_tile(pairs=1, max_len=131072, sms=132, group=32) == (64, True, 4)
-    assert da.choose_tile(pairs=8, max_len=2048, sms=132, group=32) == (64, True, 4)
-    assert da.choose_tile(pairs=8, max_len=1024, sms=132, group=32) == (32, True, 4)
-    assert da.choose_tile(pairs=128, max_len=512, sms=132, group=32, head_blocks=2) == (128, True, 4)
+# ---------------------------------------------------------------- the launch rules, by their properties
+MAX_SHARED = 232448  # bytes of shared memory one program may use on Hopper (sm_90)
+
+
+@settings(max_examples=400, deadline=None)
+@given(programs=st.integers(1, 20000), max_len=st.integers(1, 1 << 21), block_n=st.sampled_from([16, 32, 64, 128]),
+       sms=st.sampled_from([4, 78, 108, 132, 144]), group=st.integers(1, 64), waves=st.sampled_from([0.5, 1.0, 2.0, 4.0]),
+       most=st.sampled_from([8, 64, 256, 1024]))
+def test_choose_splits_properties(programs, max_len, block_n, sms, group, waves, most):
+    s = da.choose_splits(programs, max_len, block_n, sms, group=group, waves=waves, most=most)
+    assert s >= 1 and s & (s - 1) == 0, "the combine kernel loads a head's partials as one block: a power of two"
+    tiles = -(-max_len // block_n)
+    assert s <= max(1, tiles), "a split without a whole tile only adds a partial"
+    assert s <= most
+    sqrt_cap = max(1, math.isqrt(max_len // group))
+    assert s <= sqrt_cap, "the partials one program combines stay no larger than what one split reads"
+    want = waves * sms
+    if programs * s < want:  # short of the wanted waves only where doubling would break a cap
+        assert 2 * s > min(max(1, tiles), most, sqrt_cap)
+    if s > 1:  # the smallest power of two that reaches them
+        assert programs * (s // 2) < want
+
+
+def test_choose_splits_follows_the_programs():
+    """More programs before splitting never get more splits; one program over a long context gets many."""
+    counts = [da.choose_splits(p, 65536, 64, 132) for p in (1, 2, 8, 64, 256, 1024, 4096)]
+    assert counts == sorted(counts, reverse=True) and counts[0] >= 64 and counts[-1] == 1
+
+
+@settings(max_examples=400, deadline=None)
+@given(pairs=st.integers(1, 4096), max_len=st.integers(1, 1 << 18), sms=st.sampled_from([4, 78, 132, 144]),
+       group=st.sampled_from([1, 2, 4, 8, 16, 32, 64]), inline=st.booleans(), blocks=st.sampled_from([1, 2, 4]))
+def test_choose_tile_properties(pairs, max_len, sms, group, inline, blocks):
+    block_n, prefetch, warps = da.choose_tile(pairs, max_len, sms, group, split_group=group if inline else 1,
+                                              head_blocks=blocks)
+    assert block_n >= 16 and block_n & (block_n - 1) == 0, "a tile is a tl.dot operand: a power of two >= 16"
+    assert warps in (1, 2, 4, 8) and isinstance(prefetch, bool)
+    if warps == 1:  # a warp keeps the softmax's row statistics only for one tl.dot of 16 query heads
+        assert group <= 16 and blocks == 1
+    # K and V tiles of d = 128 in bf16, in a pipeline of 3 stages, fit in one program's shared memory
+    assert 3 * 2 * block_n * 128 * 2 <= MAX_SHARED
+
+
+def test_choose_tile_small_groups_with_few_programs_take_one_warp():
+    """The regime the one-warp launch is for: up to 16 query heads per KV head and few (request, KV head)
+    pairs per SM, whatever the context."""
+    for group, pairs, L in [(1, 1, 512), (4, 64, 4096), (8, 8, 131072), (16, 132, 16384)]:
+        assert da.choose_tile(pairs, L, 132, group)[2] == 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(pairs=st.integers(1, 4096), max_len=st.integers(1, 1 << 18), sms=st.sampled_from([8, 78, 132, 144]),
+       group=st.sampled_from([1, 2, 4, 8, 16, 24, 32, 48, 64, 128]))
+def test_choose_head_block_properties(pairs, max_len, sms, group):
+    hb = da.choose_head_block(pairs, max_len, sms, group)
+    assert hb >= 16 and hb & (hb - 1) == 0, "a block of heads is a tl.dot operand: a power of two >= 16"
+    whole = max(16, triton.next_power_of_2(group))
+    assert hb <= whole, "never more heads per program than the group holds (padded to 16)"
+    if group <= 16:
+        assert hb == 16, "a small group is one block"
+    if max_len >= 16384 or (pairs == 1 and sms >= 64):  # long contexts, one pair: split the context, not the group
+        assert hb == whole
+
+
+def test_wide_and_long_is_groups_of_32_over_long_contexts():
+    assert da.wide_and_long(32, 1 << 17) and da.wide_and_long(64, 1 << 17)
+    assert not da.wide_and_long(16, 1 << 17) and not da.wide_and_long(32, 128)
+
+
+def test_plans_follow_the_rules_and_callers_win():
+    """The plan takes choose_head_block's, choose_tile's and choose_splits' choices (the CPU counts as
+    launch.CPU_SMS SMs); a caller's choice wins."""
     gen = torch.Generator().manual_seed(12)
-    q, kc, vc, bt, sl = paged_case([40, 9], 2, 8, 32, 16, torch.float32, gen)
-    plan = da.DecodeAttention(q, kc, vc, bt, sl)  # the plan takes all three; a caller's choice wins
-    assert (plan.meta["BLOCK_N"], plan.meta["PREFETCH"], plan.options["num_warps"]) == (16, True, 1)
-    plan = da.DecodeAttention(q, kc, vc, bt, sl, block_n=32, prefetch=False, num_warps=4)
-    assert (plan.meta["BLOCK_N"], plan.meta["PREFETCH"], plan.options["num_warps"]) == (32, False, 4)
+    for lens, H_kv, G, page in [([40, 9], 2, 8, 16), ([33, 7], 1, 32, 16), ([1100, 2048], 1, 32, 16), ([96, 5], 1, 4, 1)]:
+        q, kc, vc, bt, sl = paged_case(lens, H_kv, G, 16, page, torch.float32, gen)
+        B, sms, max_len = len(lens), launch.CPU_SMS, bt.shape[1] * page
+        plan = da.DecodeAttention(q, kc, vc, bt, sl, combine="kernel")
+        hb = da.choose_head_block(B * H_kv, max_len, sms, G)
+        blocks = -(-G // min(hb, max(16, triton.next_power_of_2(G))))
+        tile = da.choose_tile(B * H_kv * blocks, max_len, sms, G, 1, blocks)
+        assert (plan.meta["HEAD_BLOCKS"], plan.meta["BLOCK_N"], plan.meta["PREFETCH"], plan.options["num_warps"]) == \
+            (blocks, *tile)
+        waves = 1.0 if da.wide_and_long(G, max_len) else 2.0
+        want = 1 if blocks > 1 else da.choose_splits(B * H_kv, max_len, tile[0], sms, waves=waves)
+        assert plan.splits == want and plan.grid == (B, H_kv * blocks, want)
+        assert plan.meta["PER_PAGE"] is (tile[0] >= da.PER_PAGE_MIN_PAGES * page)
+        assert rel_err(plan(q, kc, vc, bt, sl), da.reference(q, kc, vc, bt, sl)) < 1e-5
+    plan = da.DecodeAttention(q, kc, vc, bt, sl, block_n=32, prefetch=False, num_warps=4, num_splits=2, head_block=16)
+    assert (plan.meta["BLOCK_N"], plan.meta["PREFETCH"], plan.options["num_warps"], plan.splits) == (32, False, 4, 2)
     assert rel_err(plan(q, kc, vc, bt, sl), da.reference(q, kc, vc, bt, sl)) < 1e-5
-
-
-def test_wide_and_long_plan_asks_for_one_wave():
-    """MQA-like groups over more than 1024 tokens: tiles of 64 and about one program per SM (the CPU
-    counts as 4 SMs), where other groups get two waves."""
-    assert da.wide_and_long(32, 1025) and not da.wide_and_long(32, 1024) and not da.wide_and_long(16, 4096)
-    gen = torch.Generator().manual_seed(13)
-    q, kc, vc, bt, sl = paged_case([1100, 2048], 1, 32, 16, 16, torch.float32, gen)
-    plan = da.DecodeAttention(q, kc, vc, bt, sl)  # 2 pairs, 4 SMs: one wave is 2 splits, two waves 4
-    assert (plan.meta["BLOCK_N"], plan.options["num_warps"], plan.splits) == (64, 4, 2)
-    assert da.choose_splits(2, 2048, 64, 4, waves=2.0) == 4
-    assert rel_err(plan(q, kc, vc, bt, sl), da.reference(q, kc, vc, bt, sl)) < 1e-5
-    q, kc, vc, bt, sl = paged_case([900, 1024], 1, 32, 16, 16, torch.float32, gen)
-    plan = da.DecodeAttention(q, kc, vc, bt, sl, head_block=32)  # 1024 tokens: two waves
-    assert (plan.meta["BLOCK_N"], plan.splits) == (64, 4)
-
-
-def test_choose_head_block_and_its_plan():
-    assert da.choose_head_block(pairs=64, max_len=512, sms=132, group=32) == 16  # MQA, short: blocks of 16
-    assert da.choose_head_block(pairs=64, max_len=4096, sms=132, group=32) == 32  # long: one program per group
-    assert da.choose_head_block(pairs=8, max_len=512, sms=132, group=32) == 32  # few pairs: split the context
-    assert da.choose_head_block(pairs=64, max_len=512, sms=132, group=4) == 16  # a small group is padded to 16
-    gen = torch.Generator().manual_seed(11)
-    q, kc, vc, bt, sl = paged_case([33, 7], 1, 32, 32, 16, torch.float32, gen)
-    plan = da.DecodeAttention(q, kc, vc, bt, sl)  # 2 pairs on the interpreter's 4 "SMs": blocks of 16
-    assert (plan.meta["BLOCK_G"], plan.meta["HEAD_BLOCKS"], plan.splits, plan.meta["BLOCK_N"]) == (16, 2, 1, 128)
-    assert rel_err(plan(q, kc, vc, bt, sl), da.reference(q, kc, vc, bt, sl)) < 1e-5
-
-
-def test_choose_splits():
-    assert da.choose_splits(programs=64, max_len=4096, block_n=64, sms=132) == 8  # about 2 waves
-    assert da.choose_splits(programs=2048, max_len=4096, block_n=64, sms=132) == 1
-    assert da.choose_splits(programs=1, max_len=100, block_n=64, sms=132) == 2  # no more than the tiles
-    s = da.choose_splits(programs=1, max_len=1 << 20, block_n=64, sms=132)
-    assert s == 256 and s & (s - 1) == 0  # the cap
-    assert da.choose_splits(programs=1, max_len=1 << 20, block_n=64, sms=132, most=64) == 64
-    # a group of 32 query heads: the partials to combine stay no larger than one split's share
-    assert da.choose_splits(programs=1, max_len=4096, block_n=64, sms=132, group=32) == 8
-    assert da.choose_splits(programs=1, max_len=4096, block_n=64, sms=132, group=4) == 32
 
 
 @pytest.mark.parametrize("combine", ["kernel", "inline"])
@@ -202,6 +241,8 @@ def test_bad_input_is_rejected():
         da.decode_attention(q, kc, vc, bt, sl, num_splits=3)
     with pytest.raises(ValueError, match="combine must be"):
         da.decode_attention(q, kc, vc, bt, sl, combine="later")
+    with pytest.raises(ValueError, match="block_n must be a power of two"):
+        da.decode_attention(q, kc, vc, bt, sl, block_n=24)
     with pytest.raises(ValueError, match="block_table must be"):
         da.decode_attention(q, kc, vc, bt[:, :0].expand(2, 0), sl)
 
@@ -242,19 +283,36 @@ def test_partials_combined_by_hand():
         inline.partials(q, kc, vc, bt, sl)
 
 
-@pytest.mark.parametrize("per_page", [True, False])
+# (page, block_n): a tile inside a page, tiles of many pages (one entry per page), and tiles of fewer pages
+# than PER_PAGE_MIN_PAGES (one entry per token)
+_FEW = max(2, da.PER_PAGE_MIN_PAGES // 2)
+LOOKUPS = [(16, 16), (64, 32), (1, 32), (16, 16 * da.PER_PAGE_MIN_PAGES), (16, 16 * _FEW), (32, 32 * _FEW)]
+
+
 @pytest.mark.parametrize("prefetch", [True, False])
-@pytest.mark.parametrize("page", [1, 16, 32, 64])
-def test_block_table_prefetch_either_way(prefetch, page, per_page):
-    """Requesting the next tile's page numbers a step ahead, one per page or one per token, must not
-    change the result; ragged lengths end inside a page and inside a tile."""
-    gen = torch.Generator().manual_seed(13 + page)
+@pytest.mark.parametrize("page,block_n", LOOKUPS)
+def test_block_table_lookups(prefetch, page, block_n):
+    """Every way of finding a tile's pages (one entry per tile, per page, per token; requested a step
+    ahead or not) gives the reference; ragged lengths end inside a page and inside a tile."""
+    gen = torch.Generator().manual_seed(13 + page + block_n)
     q, kc, vc, bt, sl = paged_case([1, 31, 100, 64], 2, 4, 32, page, torch.float32, gen)
-    plan = da.DecodeAttention(q, kc, vc, bt, sl, num_splits=2, block_n=32, prefetch=prefetch, per_page=per_page)
-    out = plan(q, kc, vc, bt, sl)
-    assert plan.meta["PREFETCH"] is prefetch and plan.meta["PER_PAGE"] is per_page
-    assert rel_err(out, da.reference(q, kc, vc, bt, sl)) < 1e-5
-    assert da.DecodeAttention(q, kc, vc, bt, sl, block_n=32).meta["PER_PAGE"] is (32 >= 4 * page)
+    plan = da.DecodeAttention(q, kc, vc, bt, sl, num_splits=2, block_n=block_n, prefetch=prefetch)
+    assert plan.meta["PREFETCH"] is prefetch
+    assert rel_err(plan(q, kc, vc, bt, sl), da.reference(q, kc, vc, bt, sl)) < 1e-5
+
+
+def test_lookups_cover_every_kernel_path():
+    """LOOKUPS reach the kernel's three lookups: a tile inside a page, one entry per page, and one per
+    token (reachable where a tile of fewer than PER_PAGE_MIN_PAGES pages spans at least two)."""
+    gen = torch.Generator().manual_seed(1)
+    seen = set()
+    for page, block_n in LOOKUPS:
+        q, kc, vc, bt, sl = paged_case([5], 1, 4, 16, page, torch.float32, gen)
+        meta = da.DecodeAttention(q, kc, vc, bt, sl, block_n=block_n).meta
+        seen.add("tile in a page" if page % block_n == 0 else "per page" if meta["PER_PAGE"] else "per token")
+    assert seen >= {"tile in a page", "per page"}
+    if da.PER_PAGE_MIN_PAGES > 2:
+        assert "per token" in seen
 
 
 @pytest.mark.parametrize("prefetch", [True, False])
@@ -275,7 +333,7 @@ def test_tiles_in_flight_reads_the_compiled_ring():
     plan = da.DecodeAttention(q, kc, vc, bt, sl, block_n=32)
     assert plan.tiles_in_flight() is None  # nothing compiled in the interpreter
     ring = "%k = ttg.local_alloc : () -> !ttg.memdesc<2x32x32xf32, #shared, #smem, mutable>"
-    plan.compiled = types.SimpleNamespace(asm={"ttgir": ring + "\n!ttg.memdesc<16x32xf32, #shared, #smem>"})
+    plan.split_launch.compiled = types.SimpleNamespace(asm={"ttgir": ring + "\n!ttg.memdesc<16x32xf32, #shared, #smem>"})
     assert plan.tiles_in_flight() == 2
-    plan.compiled = types.SimpleNamespace(asm={"ttgir": "no shared buffers"})
+    plan.split_launch.compiled = types.SimpleNamespace(asm={"ttgir": "no shared buffers"})
     assert plan.tiles_in_flight() is None

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lib.kernels import grouped_gemm as gg
+from lib.kernels import launch
 
 BM, BN, BK = 16, 32, 16
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
@@ -96,33 +99,52 @@ def test_half_tail_tiles(tma):
     rows = gg.tile_schedule(Ms, N, 32, BN, workers=3, half_tail=True)
     assert len(rows) == sum(map(len, heights)) * 3 and sum(r["rows"] for r in rows) == 3 * sum(map(sum, heights))
     with pytest.raises(ValueError, match="half_tail needs block_m"):
-        gg.GroupedGemm(x, w, offsets, block_m=24, half_tail=True)
+        gg.GroupedGemm(x, w, offsets, block_m=16, half_tail=True)
+    with pytest.raises(ValueError, match="block_m must be a power of two"):
+        gg.GroupedGemm(x, w, offsets, block_m=24)
 
 
 @pytest.mark.parametrize("tma", [False, True])
-@pytest.mark.parametrize("order", ["interleave", "heavy_first"])
-def test_tile_orders(order, tma):
-    """Heavy experts (more than one row tile) and light ones, empties between: every order computes every
-    tile once (zeroed output, guard regions), and the plain-Python schedule takes each tile once, the
-    interleaved one spreading the heavy tiles evenly."""
+def test_heavy_experts_first(tma):
+    """Heavy experts (more than one row tile) and light ones, empties between: taken heavy first, every
+    tile is computed once (zeroed output, guard regions)."""
     gen = torch.Generator().manual_seed(12)
     Ms, K, N = [3 * BM + 1, 1, 0, BM, 2 * BM, 0, 5, BM + 1, 0], 2 * BK + 1, 2 * BN + 3
     pad = dict(pad_k=(-K) % 8 + 8, pad_n=(-N) % 8 + 8) if tma else dict(pad_k=3, pad_n=5)
     x, w, offsets = case(Ms, K, N, torch.float32, gen, **pad)
-    out = run_guarded(x, w, offsets, num_programs=3, order=order, tma=tma)
+    out = run_guarded(x, w, offsets, num_programs=3, order="heavy_first", tma=tma)
     assert rel_err(out, gg.reference(x, w, offsets)) < 1e-5
-    rows = gg.tile_schedule(Ms, N, BM, BN, workers=3, order=order)
-    base = gg.tile_schedule(Ms, N, BM, BN, workers=3)
-    assert sorted(r["tile"] for r in rows) == [r["tile"] for r in base] == list(range(len(base)))
-    heavy = [-(-Ms[r["problem"]] // BM) > 1 for r in rows]
-    H, total = sum(heavy), len(rows)
-    assert 0 < H < total
-    if order == "heavy_first":
-        assert heavy == [True] * H + [False] * (total - H)
-    else:  # every prefix holds its share of heavy tiles, to within one
-        assert all(abs(sum(heavy[:i]) - i * H / total) < 1 for i in range(total + 1))
     with pytest.raises(ValueError, match="order must be one of"):
-        gg.GroupedGemm(x, w, offsets, order="random")
+        gg.GroupedGemm(x, w, offsets, order="interleave")
+
+
+@settings(max_examples=200, deadline=None)
+@given(Ms=st.lists(st.integers(0, 300), min_size=0, max_size=12), N=st.integers(1, 700),
+       block_m=st.sampled_from([32, 64, 128]), block_n=st.sampled_from([16, 64, 128, 256]), workers=st.integers(1, 9),
+       half_tail=st.booleans(), order=st.sampled_from(sorted(gg.ORDERS)))
+def test_tile_schedule_properties(Ms, N, block_m, block_n, workers, half_tail, order):
+    """Every output tile once; workers take positions round-robin; the heights cover each expert's rows
+    exactly, a half tile only where the rows left fit in it; heavy experts first where asked; within an
+    expert, rows fastest."""
+    rows = gg.tile_schedule(Ms, N, block_m, block_n, workers, half_tail=half_tail, order=order)
+    tn_count = -(-N // block_n)
+    assert sorted(r["tile"] for r in rows) == list(range(sum(-(-m // block_m) for m in Ms) * tn_count))
+    assert all(r["worker"] == i % workers and r["round"] == i // workers for i, r in enumerate(rows))
+    for p, m in enumerate(Ms):
+        mine = [r for r in rows if r["problem"] == p]
+        heights = {r["tm"]: r["rows"] for r in mine}
+        assert len(mine) == len(heights) * tn_count
+        covered = sum(heights.values())
+        assert m <= covered < m + block_m and all(h in (block_m, block_m // 2) for h in heights.values())
+        assert all(h == block_m for tm, h in heights.items() if tm < len(heights) - 1), "only the last tile is halved"
+        if not half_tail:
+            assert covered == -(-m // block_m) * block_m
+        assert [(r["tn"], r["tm"]) for r in mine] == sorted((r["tn"], r["tm"]) for r in mine), "rows fastest"
+    heavy = [-(-Ms[r["problem"]] // block_m) > 1 for r in rows]
+    if order == "heavy_first":
+        assert heavy == sorted(heavy, reverse=True)
+    else:
+        assert [r["tile"] for r in rows] == sorted(r["tile"] for r in rows)
 
 
 def test_planned_launch():
@@ -181,19 +203,47 @@ def test_rows_no_expert_owns_are_left_alone():
         assert rel_err(out[2:7], gg.reference(x, w, offsets)[2:7]) < 1e-5
 
 
-def test_choose_config_follows_tokens_per_expert():
-    small, mid, big = gg.choose_config(64, 64), gg.choose_config(1024, 64), gg.choose_config(8192, 8)
-    assert small["block_m"] < mid["block_m"] < big["block_m"]
-    assert small["programs_per_sm"] == mid["programs_per_sm"] == 2 and big["programs_per_sm"] == 1
-    assert all(c["block_m"] * c["block_k"] * c["num_stages"] > 0 for c in (small, mid, big))
-    assert big["flatten"] and not small["flatten"] and not mid["flatten"]  # the tile loop flattened for large tiles
-    assert gg.choose_config(8192, 8, 4096)["num_stages"] == 4 and gg.choose_config(8192, 8, 7168)["num_stages"] == 3
-    assert big["num_stages"] == 3 and gg.choose_config(64, 64, 1024)["num_stages"] == small["num_stages"]
-    assert small["order"] == mid["order"] == "heavy_first" and big["order"] == "experts"  # heavy experts first below 32
+MAX_SHARED_SM = 233472  # bytes of shared memory per SM on Hopper (228 KiB), shared by its programs
+TOKENS_PER_EXPERT = [1, 2, 3, 8, 16, 31, 32, 33, 64, 128, 1024, 8192]
+
+
+@pytest.mark.parametrize("K", [None, 64, 2048, 4096, 7168, 16384])
+def test_choose_config_properties(K):
+    """Whatever the boundaries: tiles that are tl.dot operands, a pipeline that fits in the SM's shared
+    memory for 2-byte inputs (with as many programs per SM as the config asks), an accumulator that fits
+    in registers, row tiles never much taller than an expert's rows, taller tiles and fewer programs
+    per SM as the tokens per expert grow, and the largest tile for experts of a real matrix product."""
+    configs = [gg.choose_config(n * 64, 64, K) for n in TOKENS_PER_EXPERT]
+    for n, c in zip(TOKENS_PER_EXPERT, configs):
+        for b in ("block_m", "block_n", "block_k"):
+            assert c[b] >= 16 and c[b] & (c[b] - 1) == 0, (n, b, c[b])
+        assert c["num_warps"] in (4, 8) and c["num_stages"] >= 2 and c["programs_per_sm"] in (1, 2)
+        assert c["order"] in gg.ORDERS and isinstance(c["flatten"], bool) and isinstance(c["half_tail"], bool)
+        ring = c["num_stages"] * (c["block_m"] * c["block_k"] + c["block_k"] * c["block_n"]) * 2
+        assert c["programs_per_sm"] * ring <= MAX_SHARED_SM, (n, c)
+        assert c["block_m"] * c["block_n"] <= 128 * c["num_warps"] * 32, "at most 128 fp32 accumulators a thread"
+        assert c["block_m"] <= max(64, 8 * n), "a row tile is never much taller than the expert's rows"
+    assert [c["block_m"] for c in configs] == sorted(c["block_m"] for c in configs)
+    assert [c["programs_per_sm"] for c in configs] == sorted((c["programs_per_sm"] for c in configs), reverse=True)
+    big = configs[TOKENS_PER_EXPERT.index(1024)]
+    assert big["block_m"] * big["block_n"] >= 128 * 128 and big["programs_per_sm"] == 1
+
+
+def test_choose_config_stages_never_grow_with_K():
+    for T in (64, 1024, 8192):
+        stages = [gg.choose_config(T, 8, K)["num_stages"] for K in (64, 1024, 4096, 7168, 16384)]
+        assert stages == sorted(stages, reverse=True) and gg.choose_config(T, 8)["num_stages"] == stages[-1]
+
+
+def test_plans_take_choose_config_and_flatten_only_tma():
     x, w = torch.zeros(64, 16), torch.zeros(1, 16, 8)
     offsets = torch.tensor([0, 64], dtype=torch.int32)
-    assert gg.GroupedGemm(x, w, offsets).config["flatten"] is True  # TMA strides, 64 tokens per expert
-    assert gg.GroupedGemm(x, w, offsets, tma=False).config["flatten"] is False  # only the TMA kernel flattens
+    cfg = gg.choose_config(64, 1, 16)
+    plan = gg.GroupedGemm(x, w, offsets)
+    assert all(plan.config[k] == cfg[k] for k in ("block_m", "block_n", "block_k", "num_warps", "num_stages", "order"))
+    assert plan.config["programs"] == cfg["programs_per_sm"] * launch.CPU_SMS and plan.tma
+    assert plan.config["flatten"] is cfg["flatten"]
+    assert gg.GroupedGemm(x, w, offsets, flatten=True, tma=False).config["flatten"] is False  # only TMA flattens
 
 
 def test_tile_schedule_of_the_seed():

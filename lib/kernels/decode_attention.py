@@ -15,23 +15,29 @@ The kernel (chapter 3 explains it):
   byte of K and V is loaded once per step, not once per query head. Groups of 32 or more heads over
   short contexts are served by several programs of 16 heads each (``choose_head_block``).
 - Split-KV (flash-decoding): the context is cut into ``num_splits`` ranges handled by separate programs,
-  so that B * H_kv * num_splits programs keep the SMs busy even for one request.
+  so that B * H_kv * num_splits programs keep the SMs busy even for one request (``choose_splits``).
 - Each split keeps a running maximum and sum (online softmax, in base 2, fp32 accumulation) and writes
   its partial result; they are combined by log-sum-exp either by a second, small kernel with one
   program per (request, query head) (``combine="kernel"``), or inside the same launch by the last split
   of a (request, KV head) to finish, found by an atomic counter that it then resets
   (``combine="inline"``: one launch, but one program reads all the group's partials in turn). The
   default, ``"auto"``, combines inline up to ``INLINE_MAX_SPLITS`` splits.
-- The launch (tile of tokens, warps, splits, blocks of heads) follows the H200 measurements of chapter 3
-  (``choose_tile``, ``choose_splits``, ``choose_head_block``): one warp per program and tiles of 16 for
-  groups of up to 16 query heads, 4 warps and tiles of 32 to 128 for larger groups.
+- Pages are found through the block table, tile by tile: one entry per tile where a tile lies inside a
+  page, one per page where a tile spans ``PER_PAGE_MIN_PAGES`` pages or more (spread over the page's
+  tokens in registers), one per token otherwise; with ``prefetch`` the next tile's entries are
+  requested a step ahead, so that a step's K and V loads do not wait on its own lookup.
+- The launch (tile of tokens, warps, splits, blocks of heads) follows rules written in terms of the
+  group size, the number of programs per SM and the context length (``choose_tile``, ``choose_splits``,
+  ``choose_head_block``); chapter 3 measures the launch they choose.
+
+The kernel is written as small ``@triton.jit`` pieces (the program's setup, the page lookup, one online
+softmax step, the final write or combine) so that variants for tuning can reuse them.
 
 Chapters: 3.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 
@@ -39,120 +45,124 @@ import torch
 import triton
 import triton.language as tl
 
+from lib.kernels import launch
+
 LOG2E = 1.4426950408889634
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# combine="auto": up to this many splits the last split program combines them (one launch per call);
-# beyond it a second kernel does, in parallel (measured on the H200, chapter 3)
+# combine="auto": up to this many splits the last split program combines them (one launch per call); beyond
+# it the serial combine in one program costs more than a second launch that combines in parallel
 INLINE_MAX_SPLITS = 8
+# with the prefetch and pages smaller than a tile, look up one block-table entry per page (not per token)
+# where a tile spans at least this many pages
+PER_PAGE_MIN_PAGES = 4
 
 
 @triton.jit
-def _decode_kernel(
-    # pointers
-    Q, K, V, BT, LENS, Out, PACC, PM, PL, CNT,
-    # scalars
-    scale_log2, split_len, H_Q, H_KV, BT_W,
-    # strides (elements)
-    stride_qb, stride_qh,
-    stride_kp, stride_kh, stride_kt,
-    stride_vp, stride_vh, stride_vt,
-    stride_btb,
-    stride_ob, stride_oh,
-    # meta-parameters
-    G: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_BLOCKS: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, INLINE: tl.constexpr = True, V_EARLY: tl.constexpr = False,
-    EVICT: tl.constexpr = "", PREFETCH: tl.constexpr = False, PER_PAGE: tl.constexpr = True,
-):
+def _setup(Q, LENS, stride_qb, stride_qh, G: tl.constexpr, BLOCK_G: tl.constexpr,
+           HEAD_BLOCKS: tl.constexpr, D: tl.constexpr):
+    """This program's request ``b``, (KV head, block of its query heads) ``pair``, KV head, split ``s``,
+    the request's length, its query heads (and their mask), the head dimension's offsets and the queries
+    [BLOCK_G, D]."""
     b = tl.program_id(0)
-    pair = tl.program_id(1)  # (KV head, block of its query heads)
+    pair = tl.program_id(1)
     kvh = pair // HEAD_BLOCKS
     s = tl.program_id(2)
     seq_len = tl.load(LENS + b)
-
     g = (pair % HEAD_BLOCKS) * BLOCK_G + tl.arange(0, BLOCK_G)
     gmask = g < G
     heads = kvh * G + g
     dd = tl.arange(0, D)
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + dd[None, :], mask=gmask[:, None], other=0.0)
+    return b, pair, kvh, s, seq_len, heads, gmask, dd, q
 
-    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_sum = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, D], tl.float32)
 
-    start = s * split_len
-    end = tl.minimum(start + split_len, seq_len)
-    # PREFETCH: the block-table entries of the next tile are requested one step ahead, so the K and V
-    # loads of a step do not wait on a load of the same step (the compiler can then keep several tiles
-    # in flight)
-    # PER_PAGE (pages smaller than a tile, prefetched): one block-table entry per page of the tile,
-    # spread over its tokens in registers, rather than one gathered entry per token
-    # the first entries are masked by the table's width BT_W, not by seq_len, so that their load does not
-    # wait for seq_len's: the two are requested together
+@triton.jit
+def _first_entries(BT, b, stride_btb, start, BT_W, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                   PREFETCH: tl.constexpr, PER_PAGE: tl.constexpr):
+    """The block-table entries of the split's first tile, requested before the loop (with ``PREFETCH``;
+    otherwise nothing is loaded). They are masked by the table's width ``BT_W``, not by the request's
+    length, so that their load does not wait for the length's: the two are requested together."""
     NP: tl.constexpr = BLOCK_N // PAGE if PAGE < BLOCK_N else 1
-    jp = tl.arange(0, NP)
-    if PAGE % BLOCK_N == 0:
-        page_next = tl.load(BT + b * stride_btb + start // PAGE, mask=PREFETCH & (start // PAGE < BT_W), other=0)
-    elif PER_PAGE:  # start is a multiple of BLOCK_N, hence of PAGE
-        page_next = tl.load(BT + b * stride_btb + start // PAGE + jp, mask=PREFETCH & (start // PAGE + jp < BT_W),
-                            other=0)
-    else:
+    if PAGE % BLOCK_N == 0:  # one entry per tile
+        entries = tl.load(BT + b * stride_btb + start // PAGE, mask=PREFETCH & (start // PAGE < BT_W), other=0)
+    elif PER_PAGE:  # one entry per page of the tile (start is a multiple of BLOCK_N, hence of PAGE)
+        jp = tl.arange(0, NP)
+        entries = tl.load(BT + b * stride_btb + start // PAGE + jp, mask=PREFETCH & (start // PAGE + jp < BT_W), other=0)
+    else:  # one entry per token
         t_next = start + tl.arange(0, BLOCK_N)
-        page_next = tl.load(BT + b * stride_btb + t_next // PAGE, mask=PREFETCH & (t_next // PAGE < BT_W), other=0)
-    for n0 in range(start, end, BLOCK_N):
-        t = n0 + tl.arange(0, BLOCK_N)
-        tmask = t < end
-        if PREFETCH:
-            if PAGE % BLOCK_N == 0:  # a tile never crosses a page: one entry, contiguous rows
-                page = page_next.to(tl.int64)
-                page_next = tl.load(BT + b * stride_btb + (n0 + BLOCK_N) // PAGE, mask=n0 + BLOCK_N < end, other=0)
-                row = n0 % PAGE + tl.arange(0, BLOCK_N)
-            elif PER_PAGE:  # small pages: one entry per page, broadcast to its PAGE tokens
-                page = tl.reshape(tl.broadcast_to(page_next.to(tl.int64)[:, None], [NP, PAGE]), [BLOCK_N])
-                n1 = n0 + BLOCK_N
-                page_next = tl.load(BT + b * stride_btb + n1 // PAGE + jp, mask=n1 + jp * PAGE < end, other=0)
-                row = t % PAGE
-            else:  # small pages: one entry per token
-                page = page_next.to(tl.int64)
-                t_next = t + BLOCK_N
-                page_next = tl.load(BT + b * stride_btb + t_next // PAGE, mask=t_next < end, other=0)
-                row = t % PAGE
-        elif PAGE % BLOCK_N == 0:
-            page = tl.load(BT + b * stride_btb + n0 // PAGE).to(tl.int64)
-            row = n0 % PAGE + tl.arange(0, BLOCK_N)
-        else:
-            page = tl.load(BT + b * stride_btb + t // PAGE, mask=tmask, other=0).to(tl.int64)
-            row = t % PAGE
-        k_off = page * stride_kp + kvh * stride_kh + row * stride_kt
-        v_off = page * stride_vp + kvh * stride_vh + row * stride_vt
-        k = tl.load(K + k_off[:, None] + dd[None, :], mask=tmask[:, None], other=0.0, eviction_policy=EVICT)
-        if V_EARLY:  # both tiles requested before any arithmetic: twice the bytes in flight
-            v = tl.load(V + v_off[:, None] + dd[None, :], mask=tmask[:, None], other=0.0, eviction_policy=EVICT)
-        scores = tl.dot(q, tl.trans(k)) * scale_log2
-        scores = tl.where(tmask[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, 1))
-        p = tl.exp2(scores - m_new[:, None])
-        alpha = tl.exp2(m - m_new)
-        l_sum = l_sum * alpha + tl.sum(p, 1)
-        if not V_EARLY:
-            v = tl.load(V + v_off[:, None] + dd[None, :], mask=tmask[:, None], other=0.0, eviction_policy=EVICT)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m = m_new
+        entries = tl.load(BT + b * stride_btb + t_next // PAGE, mask=PREFETCH & (t_next // PAGE < BT_W), other=0)
+    return entries
 
+
+@triton.jit
+def _tile_pages(BT, b, stride_btb, n0, end, entries, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                PREFETCH: tl.constexpr, PER_PAGE: tl.constexpr):
+    """Where the tile of tokens n0 .. n0 + BLOCK_N - 1 lies: its page (one for the tile, or one per token),
+    the tokens' rows within their pages, the mask of tokens before ``end``, and the next tile's entries
+    (with ``PREFETCH``: requested now, used a step later; without, ``entries`` unchanged)."""
+    NP: tl.constexpr = BLOCK_N // PAGE if PAGE < BLOCK_N else 1
+    t = n0 + tl.arange(0, BLOCK_N)
+    tmask = t < end
+    if PREFETCH:
+        if PAGE % BLOCK_N == 0:  # a tile never crosses a page: one entry, contiguous rows
+            page = entries.to(tl.int64)
+            entries = tl.load(BT + b * stride_btb + (n0 + BLOCK_N) // PAGE, mask=n0 + BLOCK_N < end, other=0)
+            row = n0 % PAGE + tl.arange(0, BLOCK_N)
+        elif PER_PAGE:  # small pages: one entry per page, broadcast to its PAGE tokens
+            jp = tl.arange(0, NP)
+            page = tl.reshape(tl.broadcast_to(entries.to(tl.int64)[:, None], [NP, PAGE]), [BLOCK_N])
+            n1 = n0 + BLOCK_N
+            entries = tl.load(BT + b * stride_btb + n1 // PAGE + jp, mask=n1 + jp * PAGE < end, other=0)
+            row = t % PAGE
+        else:  # small pages: one entry per token
+            page = entries.to(tl.int64)
+            t_next = t + BLOCK_N
+            entries = tl.load(BT + b * stride_btb + t_next // PAGE, mask=t_next < end, other=0)
+            row = t % PAGE
+    elif PAGE % BLOCK_N == 0:
+        page = tl.load(BT + b * stride_btb + n0 // PAGE).to(tl.int64)
+        row = n0 % PAGE + tl.arange(0, BLOCK_N)
+    else:
+        page = tl.load(BT + b * stride_btb + t // PAGE, mask=tmask, other=0).to(tl.int64)
+        row = t % PAGE
+    return page, row, tmask, entries
+
+
+@triton.jit
+def _softmax_step(q, k, m, l_sum, scale_log2, tmask):
+    """One tile of the online softmax, in base 2: the tile's weights p = 2^(s - m_new) [BLOCK_G, BLOCK_N]
+    for scores s = q.k * scale * log2(e) (masked tokens: -inf), the factor alpha = 2^(m - m_new) that
+    rescales what was accumulated before, the new running maximum and the new running sum."""
+    scores = tl.dot(q, tl.trans(k)) * scale_log2
+    scores = tl.where(tmask[None, :], scores, float("-inf"))
+    m_new = tl.maximum(m, tl.max(scores, 1))
+    p = tl.exp2(scores - m_new[:, None])
+    alpha = tl.exp2(m - m_new)
+    l_sum = l_sum * alpha + tl.sum(p, 1)
+    return p, alpha, m_new, l_sum
+
+
+@triton.jit
+def _finish(acc, m, l_sum, Out, PACC, PM, PL, CNT, b, pair, s, heads, gmask, dd, H_Q, H_KV, stride_ob, stride_oh,
+            BLOCK_G: tl.constexpr, HEAD_BLOCKS: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
+            INLINE: tl.constexpr):
+    """The split's end: with one split, the normalised output; otherwise its partial result (acc, m,
+    l_sum), and with ``INLINE`` the combine by the last split of the group to arrive."""
     o_ptrs = Out + b * stride_ob + heads[:, None] * stride_oh + dd[None, :]
     if SPLITS == 1:
         out = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=gmask[:, None])
     else:
-        part = (b * H_Q + heads) * SPLITS  # [BLOCK_G] first partial of each head
+        part = (b * H_Q + heads) * SPLITS  # first partial of each head
         tl.store(PM + part + s, m, mask=gmask)
         tl.store(PL + part + s, l_sum, mask=gmask)
         tl.store(PACC + (part + s)[:, None] * D + dd[None, :], acc, mask=gmask[:, None])
-        # INLINE: the last program of the group combines (acq_rel: our partials are visible before the
-        # count moves, so the last one sees them all); otherwise _combine_kernel runs next
+        # INLINE: the last program of the group combines (the atomic is acq_rel: our partials are visible
+        # before the count moves, so the last one sees them all); otherwise _combine_kernel runs next
         if INLINE:
             done = tl.atomic_add(CNT + b * H_KV * HEAD_BLOCKS + pair, 1)
             if done == SPLITS - 1:
-                # log-sum-exp over the splits, online as in the loop above; unrolled, and every value in the
+                # log-sum-exp over the splits, online as in the loop; unrolled, and every value in the
                 # layout of the output, so that all the partials' loads can be in flight at once
                 m_all = tl.full([BLOCK_G], float("-inf"), tl.float32)
                 total = tl.zeros([BLOCK_G], tl.float32)
@@ -175,6 +185,45 @@ def _decode_kernel(
 
 
 @triton.jit
+def _decode_kernel(
+    # pointers
+    Q, K, V, BT, LENS, Out, PACC, PM, PL, CNT,
+    # scalars
+    scale_log2, split_len, H_Q, H_KV, BT_W,
+    # strides (elements)
+    stride_qb, stride_qh,
+    stride_kp, stride_kh, stride_kt,
+    stride_vp, stride_vh, stride_vt,
+    stride_btb,
+    stride_ob, stride_oh,
+    # meta-parameters
+    G: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_BLOCKS: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, INLINE: tl.constexpr, PREFETCH: tl.constexpr,
+    PER_PAGE: tl.constexpr,
+):
+    """One program per (request, KV head and block of its query heads, split): the split's tokens tile by
+    tile, K then the scores, then V (so that the scores' arithmetic overlaps V's load), then the write."""
+    b, pair, kvh, s, seq_len, heads, gmask, dd, q = _setup(Q, LENS, stride_qb, stride_qh, G, BLOCK_G, HEAD_BLOCKS, D)
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_sum = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, D], tl.float32)
+    start = s * split_len
+    end = tl.minimum(start + split_len, seq_len)
+    entries = _first_entries(BT, b, stride_btb, start, BT_W, PAGE, BLOCK_N, PREFETCH, PER_PAGE)
+    for n0 in range(start, end, BLOCK_N):
+        page, row, tmask, entries = _tile_pages(BT, b, stride_btb, n0, end, entries, PAGE, BLOCK_N, PREFETCH,
+                                                PER_PAGE)
+        k_off = page * stride_kp + kvh * stride_kh + row * stride_kt
+        v_off = page * stride_vp + kvh * stride_vh + row * stride_vt
+        k = tl.load(K + k_off[:, None] + dd[None, :], mask=tmask[:, None], other=0.0)
+        p, alpha, m, l_sum = _softmax_step(q, k, m, l_sum, scale_log2, tmask)
+        v = tl.load(V + v_off[:, None] + dd[None, :], mask=tmask[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    _finish(acc, m, l_sum, Out, PACC, PM, PL, CNT, b, pair, s, heads, gmask, dd, H_Q, H_KV, stride_ob, stride_oh,
+            BLOCK_G, HEAD_BLOCKS, D, SPLITS, INLINE)
+
+
+@triton.jit
 def _combine_kernel(PACC, PM, PL, Out, H_Q, stride_ob, stride_oh, SPLITS: tl.constexpr, D: tl.constexpr):
     """One program per (request, query head): all its splits' partials in one load, combined by
     log-sum-exp."""
@@ -191,13 +240,6 @@ def _combine_kernel(PACC, PM, PL, Out, H_Q, stride_ob, stride_oh, SPLITS: tl.con
     acc = tl.load(PACC + (part + sp)[:, None] * D + dd[None, :])
     out = tl.sum(acc * w[:, None], 0) / tl.where(total > 0, total, 1.0)
     tl.store(Out + b * stride_ob + h * stride_oh + dd, out.to(Out.dtype.element_ty))
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
 
 
 _WORKSPACE: dict[tuple, tuple[torch.Tensor, ...]] = {}
@@ -220,10 +262,13 @@ def _workspace(device, B, H_q, programs, D, splits):
 
 def choose_splits(programs: int, max_len: int, block_n: int, sms: int, group: int = 1, waves: float = 2.0,
                   most: int = 256) -> int:
-    """Splits per (request, KV head): the smallest power of two giving ``waves`` programs per SM, within
-    three caps: no more splits than the context has tiles of ``block_n`` tokens; at most ``most``; and at
-    most sqrt(max_len / group), which keeps the partial results one program must combine at the end
-    (splits x group rows of d floats) no larger than what each split reads (max_len / splits rows)."""
+    """Splits per (request, KV head): the smallest power of two that gives ``waves`` programs per SM
+    (``programs`` before splitting), within three caps: no more splits than the context has tiles of
+    ``block_n`` tokens (a split without a whole tile would only add a partial to combine); at most
+    ``most``; and at most sqrt(max_len / group), which keeps the partial results one program must combine
+    at the end (splits x group rows of d floats) no larger than what each split reads (max_len / splits
+    rows). A power of two because the combine kernel loads all of a head's partials as one block.
+    Where the caps stop it short of ``waves``, the largest power of two within them."""
     want = math.ceil(waves * sms / max(programs, 1))
     cap = min(max(1, math.ceil(max_len / block_n)), most, max(1, math.isqrt(max(1, max_len // max(group, 1)))))
     splits = 1
@@ -233,31 +278,32 @@ def choose_splits(programs: int, max_len: int, block_n: int, sms: int, group: in
 
 
 def wide_and_long(group: int, max_len: int) -> bool:
-    """Groups of 32 query heads or more per KV head (MQA-like) over contexts longer than 1024 tokens: there
-    tiles of 64 and about one wave of split programs beat the general rule on the H200 (chapter 3,
-    ``results/nvidia-h200/tuning/decode-attention-mqa.json``)."""
+    """Groups of 32 query heads or more per KV head (MQA-like) over contexts longer than 1024 tokens: the
+    case where ``choose_tile`` takes tiles of 64 and the plan asks ``choose_splits`` for one wave of
+    programs rather than two. Each split of such a group writes a partial as large as 32 rows of its
+    tokens, so fewer, longer splits cost less to combine, and a [group, 64] score block gives each warp
+    enough work between the softmax's barriers."""
     return group >= 32 and max_len > 1024
 
 
 def choose_tile(pairs: int, max_len: int, sms: int, group: int, split_group: int = 1,
                 head_blocks: int = 1) -> tuple[int, bool, int]:
     """(block_n, prefetch, num_warps) for ``pairs`` programs before splitting, each serving ``group``
-    query heads in ``head_blocks`` blocks, from the H200 measurements of chapter 3
-    (``results/nvidia-h200/tuning/decode-attention-warps.json``).
+    query heads in ``head_blocks`` blocks (chapter 3).
 
-    - Blocks of heads (``choose_head_block``, short contexts): one program reads the whole context in
-      tiles of 128 with 4 warps.
-    - Groups of up to 16 query heads (one tl.dot of 16 rows) and up to 4 pairs per SM: one warp per
+    - Blocks of heads (``choose_head_block``, short contexts): one program reads the whole context, in
+      tiles of 128 with 4 warps: no split, so each program streams its context alone.
+    - Groups of up to 16 query heads (one tl.dot of 16 rows) with at most 4 pairs per SM: one warp per
       program and tiles of 16 tokens. The row maxima and sums of the online softmax then stay inside the
-      warp; with 4 warps the compiler passes them between warps through shared memory, with a barrier
-      each time, several per tile. Many small programs keep the memory busy instead. With more pairs
-      (B=64 with 32 KV heads) one warp per program was a few percent slower.
-    - Groups of 32 or more over more than 1024 tokens (``wide_and_long``): 4 warps and tiles of 64,
-      whose [group, 64] score block gives each warp more work per barrier than tiles of 32; the plan then
-      asks ``choose_splits`` for one wave of programs, not two.
-    - Few pairs whose splits are short (at most 1024 tokens): 4 warps and tiles of 32, so that each
-      program keeps two tiles in flight, the block table prefetched (requested a tile ahead).
-    - Otherwise 4 warps and tiles of 64, the block table prefetched for groups of 16 or more.
+      warp (register shuffles); with several warps the compiler passes them between warps through shared
+      memory, with a barrier each time, several per tile. Many small programs keep the memory busy
+      instead of a few large ones. With more pairs than that the SMs are full anyway and the general
+      rule below applies.
+    - Groups of 32 or more over more than 1024 tokens (``wide_and_long``): 4 warps and tiles of 64.
+    - Few pairs (less than half an SM each) whose splits are short (at most 1024 tokens): 4 warps and
+      tiles of 32, so that each program keeps two tiles in flight, the block table prefetched.
+    - Otherwise 4 warps and tiles of 64, the block table prefetched for groups of 16 or more (smaller
+      groups reach this branch only with more than 4 pairs per SM, enough programs to hide the lookup).
 
     ``split_group`` is what ``choose_splits`` gets as ``group``."""
     if head_blocks > 1:
@@ -273,12 +319,12 @@ def choose_tile(pairs: int, max_len: int, sms: int, group: int, split_group: int
 
 
 def choose_head_block(pairs: int, max_len: int, sms: int, group: int) -> int:
-    """Query heads per program, from the H200 measurements of chapter 3: the whole group (padded to 16,
-    the smallest tl.dot), except for groups of 32 or more over short contexts (at most 1024 tokens) with
-    enough (request, KV head) pairs to fill a quarter of the SMs. There, splitting the context would
-    write partial results as large as the context itself (group x d floats per split); blocks of 16
-    heads give the SMs work instead, each block reading the same K and V. Over long contexts, blocks
-    doubled the time on the H200, so the rule keeps them to short ones."""
+    """Query heads per program (chapter 3): the whole group (padded to 16, the smallest tl.dot), except
+    for groups of 32 or more over short contexts (at most 1024 tokens) with enough (request, KV head)
+    pairs to fill a quarter of the SMs. There, splitting the context would write partial results as large
+    as the context itself (group x d floats per split); blocks of 16 heads give the SMs work instead,
+    each block reading the same K and V (from the L2 after the first). Over long contexts the splits
+    already fill the SMs and blocks would multiply the bytes read, so the rule keeps them to short ones."""
     if group >= 32 and max_len <= 1024 and pairs >= sms // 4:
         return 16
     return max(16, triton.next_power_of_2(group))
@@ -310,28 +356,30 @@ def _check(q, k_cache, v_cache, block_table, seq_lens):
 class DecodeAttention:
     """A launch planned once for fixed shapes, strides and dtypes; each call only launches.
 
-    The first call compiles (or finds) the kernel through Triton's normal path; later calls hand the
-    new tensors straight to the compiled kernel, skipping the per-call argument checks and
-    specialization that cost tens of microseconds of host time per launch. Calls must pass tensors of
-    the planned shapes and strides (checked) and 16-byte-aligned data (checked); otherwise they take the
-    normal path. The workspace is shared by calls of the same shape: do not run two at once on different
-    streams.
+    Planning checks the arguments and resolves the launch: blocks of query heads
+    (``choose_head_block``), tile, prefetch and warps (``choose_tile``), splits (``choose_splits``) and
+    the combine. Calls go through ``lib.kernels.launch``: the first compiles (or finds) the kernel
+    through Triton's public path, later ones on a GPU hand the new tensors straight to the compiled
+    kernel, skipping host work that costs tens of microseconds per launch. Calls must pass tensors of the
+    planned shapes and strides (checked); data not aligned to 16 bytes takes the public path. The
+    workspace is shared by calls of the same shape: do not run two at once on different streams.
 
-    ``block_n``, ``prefetch`` and ``num_warps`` default to ``choose_tile``'s choice.
+    ``block_n``, ``prefetch`` and ``num_warps`` default to ``choose_tile``'s choice, ``num_splits`` to
+    ``choose_splits``' and ``head_block`` to ``choose_head_block``'s.
 
-    ``prefetch``: request the next tile's block-table entries one step ahead. Without it a
-    step's K and V loads wait on that step's page lookup, and Triton's software pipeliner then keeps only
-    one tile in flight per program (``tiles_in_flight()`` reads it from the compiled kernel); with it,
+    ``prefetch``: request the next tile's block-table entries one step ahead. Without it a step's K and V
+    loads wait on that step's page lookup, and Triton's software pipeliner then keeps only one tile in
+    flight per program (``tiles_in_flight()`` reads it from the compiled kernel); with it,
     ``num_stages - 1`` tiles. Chapter 3 measures both.
 
-    ``per_page``: with the prefetch and pages smaller than a tile, load one block-table entry per page of
-    the tile and spread it over the page's tokens in registers, rather than gather one entry per token.
-    Default: where a tile spans four pages or more (on the H200 it paid there and cost with two).
+    With the prefetch and pages smaller than a tile, a tile that spans ``PER_PAGE_MIN_PAGES`` pages or more
+    loads one block-table entry per page and spreads it over the page's tokens in registers; one that
+    spans fewer gathers one entry per token (``meta["PER_PAGE"]`` says which).
     """
 
     def __init__(self, q, k_cache, v_cache, block_table, seq_lens, *, max_seq_len=None, scale=None,
-                 num_splits=None, block_n=None, num_warps=None, num_stages=3, combine="auto", v_early=False, evict="",
-                 prefetch=None, head_block=None, per_page=None):
+                 num_splits=None, block_n=None, num_warps=None, num_stages=3, combine="auto", prefetch=None,
+                 head_block=None):
         _check(q, k_cache, v_cache, block_table, seq_lens)
         B, H_q, D = q.shape
         _, H_kv, page, _ = k_cache.shape
@@ -340,7 +388,7 @@ class DecodeAttention:
         if combine not in ("auto", "kernel", "inline"):
             raise ValueError(f"combine must be 'auto', 'kernel' (a second, parallel launch) or 'inline' (the last "
                              f"split program combines), got {combine!r}")
-        sms = _sm_count(q.device)
+        sms = launch.sm_count(q.device)
         block_g = choose_head_block(B * H_kv, max_len, sms, G) if head_block is None else head_block
         if block_g < 16 or block_g & (block_g - 1):
             raise ValueError(f"head_block must be a power of two >= 16 (the smallest tl.dot), got {block_g}")
@@ -351,45 +399,45 @@ class DecodeAttention:
         group = min(G, block_g) if combine == "inline" else 1
         tile, fetch, warps = choose_tile(programs, max_len, sms, G, group, head_blocks)
         block_n = tile if block_n is None else block_n
+        if block_n < 16 or block_n & (block_n - 1):
+            raise ValueError(f"block_n must be a power of two >= 16 (the smallest tl.dot), got {block_n}")
         prefetch = fetch if prefetch is None else prefetch
         num_warps = warps if num_warps is None else num_warps
         # blocks of heads (short contexts): one program per block reads the whole context
         waves = 1.0 if wide_and_long(G, max_len) else 2.0
         splits = num_splits or (1 if head_blocks > 1 else choose_splits(programs, max_len, block_n, sms, group=group,
                                                                         waves=waves))
+        if splits & (splits - 1):
+            raise ValueError(f"num_splits must be a power of two, got {splits}")
         if combine == "auto":  # a serial combine of a few partials costs less than a second launch
             combine = "inline" if splits <= INLINE_MAX_SPLITS else "kernel"
         self.combine = combine
-        if splits & (splits - 1):
-            raise ValueError(f"num_splits must be a power of two, got {splits}")
         split_len = triton.cdiv(triton.cdiv(max_len, splits), block_n) * block_n
         scale = D ** -0.5 if scale is None else scale
         self.grid = (B, H_kv * head_blocks, splits)
-        self.grid_heads = H_q
         self.splits = splits
+        self.second = splits > 1 and combine == "kernel"  # the combine is a second launch
         self.workspace = _workspace(q.device, B, H_q, H_kv * head_blocks, D, splits)
         self.shapes = (q.shape, k_cache.shape, block_table.shape, q.stride(), k_cache.stride(), v_cache.stride(),
                        block_table.stride())
-        self.scalars = (scale * LOG2E, split_len, H_q, H_kv, block_table.shape[1])
         self.meta = dict(G=G, BLOCK_G=block_g, HEAD_BLOCKS=head_blocks, D=D, PAGE=page, BLOCK_N=block_n, SPLITS=splits,
-                         INLINE=combine == "inline", V_EARLY=v_early, EVICT=evict,
-                         PREFETCH=bool(prefetch), PER_PAGE=bool(block_n >= 4 * page if per_page is None else per_page))
-        self.second = splits > 1 and combine == "kernel"  # the combine is a second launch
-        self.combine_meta = dict(SPLITS=splits, D=D)
-        self.meta_values = tuple(self.meta.values())
+                         INLINE=combine == "inline", PREFETCH=bool(prefetch),
+                         PER_PAGE=block_n >= PER_PAGE_MIN_PAGES * page)
         self.options = dict(num_warps=num_warps, num_stages=num_stages)
-        self.combine_args = self.workspace[:3]
-        self.fixed = (*self.workspace, *self.scalars, q.stride(0), q.stride(1), *k_cache.stride()[:3],
-                      *v_cache.stride()[:3], block_table.stride(0), q.stride(0), q.stride(1))
-        self.compiled = None
-        self.compiled_combine = None
-        self.cuda = q.device.index if q.device.type == "cuda" else None  # the device a direct launch goes to
+        # the strides equal the planned ones (checked at each call), so their values are fixed here
+        self.fixed = (*self.workspace, scale * LOG2E, split_len, H_q, H_kv, block_table.shape[1],
+                      q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_table.stride(0),
+                      q.stride(0), q.stride(1))
+        self.split_launch = launch.Launch(_decode_kernel, self.grid, self.meta, self.options, q.device)
+        self.combine_launch = launch.Launch(_combine_kernel, (B, H_q), dict(SPLITS=splits, D=D), dict(num_warps=4),
+                                            q.device)
+        self.combine_fixed = (H_q, q.stride(0), q.stride(1))
 
     def tiles_in_flight(self) -> int | None:
         """K tiles the compiled kernel keeps in flight per program: the depth of its shared-memory ring of
         [block_n, d] buffers, read from the compiled kernel's Triton GPU IR. None before the first call on a
         GPU, or in the interpreter (which compiles nothing)."""
-        ck = self.compiled
+        ck = self.split_launch.compiled
         ir = getattr(ck, "asm", {}).get("ttgir") if ck is not None else None
         if not ir:
             return None
@@ -429,37 +477,11 @@ class DecodeAttention:
             raise ValueError("tensors differ from the planned shapes or strides: make a new DecodeAttention")
         if self.grid[0] == 0:
             return out
-        # the strides equal the planned ones (checked above), so their values were fixed at planning
-        args = (q, k_cache, v_cache, block_table, seq_lens, out, *self.fixed)
-        second = self.second and combine
-        aligned = not ((q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | block_table.data_ptr()
-                        | seq_lens.data_ptr() | out.data_ptr()) % 16)
-        direct = aligned and self.cuda is not None
-        ck = self.compiled if direct else None
-        if ck is not None:
-            ck.run(*self.grid, _raw_stream(self.cuda), ck.function, ck.packed_metadata, None, None, None, *args,
-                   *self.meta_values)
-        else:
-            ck = _decode_kernel[self.grid](*args, **self.meta, **self.options)
-            if direct and hasattr(ck, "packed_metadata"):
-                self.compiled = ck
-        if not second:
-            return out
-        combine_args = (*self.combine_args, out, self.grid_heads, q.stride(0), q.stride(1))
-        cc = self.compiled_combine if direct else None
-        if cc is not None:
-            cc.run(self.grid[0], self.grid_heads, 1, _raw_stream(self.cuda), cc.function, cc.packed_metadata,
-                   None, None, None, *combine_args, *self.combine_meta.values())
-        else:
-            cc = _combine_kernel[(self.grid[0], self.grid_heads)](*combine_args, **self.combine_meta, num_warps=4)
-            if direct and hasattr(cc, "packed_metadata"):
-                self.compiled_combine = cc
+        direct = launch.aligned(q, k_cache, v_cache, block_table, seq_lens, out)
+        self.split_launch(q, k_cache, v_cache, block_table, seq_lens, out, *self.fixed, direct=direct)
+        if self.second and combine:
+            self.combine_launch(*self.workspace[:3], out, *self.combine_fixed, direct=direct)
         return out
-
-
-def _raw_stream(index):
-    """The current CUDA stream's handle, without building a torch.cuda.Stream object."""
-    return torch._C._cuda_getCurrentRawStream(index)
 
 
 def decode_attention(

@@ -16,11 +16,8 @@ schedules them by output tile, statically (chapter 4 explains it):
   registers), so the token counts never travel to the host: one launch, no synchronization;
 - within an expert, consecutive tile ids walk down the rows of one column block of w[e], so programs
   running side by side share the same weight tile in the L2;
-- ``order`` can reorder the tile ids: the tiles of heavy experts (more than one row tile), which
-  compute, interleaved with those of light ones, which stream weights, or taken first
-  (``tile_schedule``). On the H200 interleaving beat the plain order nowhere by more than a few percent;
-  heavy experts first is the default below 32 tokens per expert (``choose_config``), the plain order
-  above;
+- ``order="heavy_first"`` takes the tiles of heavy experts (more than one row tile) before those of the
+  light ones, each list expert after expert (``tile_schedule``; ``choose_config`` says when);
 - tiles are loaded by the tensor-memory accelerator (TMA) through descriptors of x [T, K] and
   w [E, K, N], which fill what lies past T, K or N with zeros; only the store is masked on the
   expert's rows. Where strides rule TMA out, every load and store is masked on M, N and K instead:
@@ -28,23 +25,23 @@ schedules them by output tile, statically (chapter 4 explains it):
 - the tile size follows the tokens per expert (``choose_config``).
 
 Accumulation is in fp32; inputs fp16, bf16 or fp32. ``tile_schedule`` is the same schedule in plain
-Python (the seed's worked example).
+Python (the seed's worked example). The kernels are written as small ``@triton.jit`` pieces (the
+schedule, the order, one tile by pointer loads or by TMA) that variants for tuning reuse.
 
 Chapters: 4.
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
-from triton.runtime import _allocation
+
+from lib.kernels import launch
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # orders of the tiles in the schedule (tile_schedule), as the kernels' ORDER
-ORDERS = {"experts": 0, "interleave": 1, "heavy_first": 2}
+ORDERS = {"experts": 0, "heavy_first": 1}
 
 
 @triton.jit
@@ -75,28 +72,25 @@ def _schedule(OFFS, E, N, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N:
 
 
 @triton.jit
-def _order(i, tiles, ends, tiles_h, ends_h, total, ORDER: tl.constexpr):
-    """The tile computed at position i of the schedule: its index j in a list of tiles and that list's
-    per-expert counts and ends. ORDER 0: one list, expert after expert. ORDER 1 (interleave): the heavy
-    experts' tiles (more than one row tile) and the light ones' are two lists, each expert after expert,
-    merged evenly (position i is heavy when floor((i+1) H / total) > floor(i H / total), H heavy tiles), so
-    that every stretch of the schedule mixes the products that compute with those that stream weights.
-    ORDER 2: the heavy list, then the light one."""
-    if ORDER == 0:
-        return i, tiles, ends
-    heavy_total = tl.sum(tiles_h, 0)
-    if ORDER == 1:
-        heavy64 = heavy_total.to(tl.int64)  # products past 2^31 for schedules of many tiles
-        before = (heavy64 * i // total).to(tl.int32)  # heavy positions before i
-        is_heavy = heavy64 * (i + 1) // total > before
-        j = tl.where(is_heavy, before, i - before)
-    else:
-        is_heavy = i < heavy_total
-        j = tl.where(is_heavy, i, i - heavy_total)
+def _in_list(is_heavy, j, tiles, ends, tiles_h, ends_h, total):
+    """Position i of the schedule taken as the j-th tile of the heavy experts' list (``is_heavy``) or of
+    the light ones': j, and that list's per-expert tile counts and ends."""
     tiles_l = tiles - tiles_h
     ends_l = ends - ends_h
     ends_l = tl.where(ends <= total, ends_l, total + 1)
     return j, tl.where(is_heavy, tiles_h, tiles_l), tl.where(is_heavy, ends_h, ends_l)
+
+
+@triton.jit
+def _order(i, tiles, ends, tiles_h, ends_h, total, ORDER: tl.constexpr):
+    """The tile computed at position i of the schedule: its index j in a list of tiles and that list's
+    per-expert counts and ends. ORDER 0: one list, expert after expert. ORDER 1 (heavy first): the
+    heavy experts' tiles (more than one row tile), then the light ones', each list expert after expert."""
+    if ORDER == 0:
+        return i, tiles, ends
+    heavy_total = tl.sum(tiles_h, 0)
+    is_heavy = i < heavy_total
+    return _in_list(is_heavy, tl.where(is_heavy, i, i - heavy_total), tiles, ends, tiles_h, ends_h, total)
 
 
 @triton.jit
@@ -155,13 +149,18 @@ def _tma_tile(x_desc, w_desc, Y, e, r0, c0, row1, N, K, stride_ym, stride_yn, BM
 
 @triton.jit
 def _grouped_gemm_kernel(
+    # pointers
     X, W, Y, OFFS,
+    # shapes
     E, N, K,
+    # strides (elements)
     stride_xm, stride_xk, stride_we, stride_wk, stride_wn, stride_ym, stride_yn,
+    # meta-parameters
     NUM_PROGRAMS: tl.constexpr, BLOCK_E: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALF_TAIL: tl.constexpr = False,
     ORDER: tl.constexpr = 0,
 ):
+    """The schedule with every tile loaded by masked pointer loads: any strides, any M, N and K."""
     pid = tl.program_id(0)
     ee, lo, hi, tiles_m, half, tiles, ends, tiles_h, ends_h, total = _schedule(OFFS, E, N, BLOCK_E, BLOCK_M, BLOCK_N,
                                                                                HALF_TAIL)
@@ -179,51 +178,63 @@ def _grouped_gemm_kernel(
 
 
 @triton.jit
-def _grouped_gemm_tma_kernel(
-    X, W, Y, OFFS,
-    T, E, N, K,
-    stride_xm, stride_we, stride_wk, stride_ym, stride_yn,
-    NUM_PROGRAMS: tl.constexpr, BLOCK_E: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    STAGES: tl.constexpr, WS: tl.constexpr, FLATTEN: tl.constexpr, HALF_TAIL: tl.constexpr = False,
-    ORDER: tl.constexpr = 0,
-):
-    """The same schedule, with the tiles brought in by the tensor-memory accelerator (TMA): each program
-    builds a descriptor of x [T, K] (blocks of BLOCK_M rows, and of BLOCK_M / 2 for half tiles) and one
-    of w [E, K, N] on the device (no host work per launch); the unit fills what lies past T, K or N with
-    zeros, so only the store is masked (rows past the expert's end belong to the next expert)."""
-    pid = tl.program_id(0)
+def _tma_descriptors(X, W, T, E, N, K, stride_xm, stride_we, stride_wk, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALF_TAIL: tl.constexpr):
+    """Descriptors of x [T, K] in blocks of BLOCK_M rows and (for half tiles; without HALF_TAIL the same
+    one) of BLOCK_M / 2 rows, and of w [E, K, N], built on the device: no host work per launch."""
     x_desc = tl.make_tensor_descriptor(X, shape=[T, K], strides=[stride_xm, 1], block_shape=[BLOCK_M, BLOCK_K])
     if HALF_TAIL:
         xh_desc = tl.make_tensor_descriptor(X, shape=[T, K], strides=[stride_xm, 1],
                                             block_shape=[BLOCK_M // 2, BLOCK_K])
+    else:
+        xh_desc = x_desc
     w_desc = tl.make_tensor_descriptor(W, shape=[E, K, N], strides=[stride_we, stride_wk, 1],
                                        block_shape=[1, BLOCK_K, BLOCK_N])
+    return x_desc, xh_desc, w_desc
+
+
+@triton.jit
+def _tma_output_tile(tile, tiles_o, ends_o, ee, lo, hi, tiles_m, half, x_desc, xh_desc, w_desc, Y, N, K,
+                     stride_ym, stride_yn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     STAGES: tl.constexpr, HALF_TAIL: tl.constexpr):
+    """Tile id ``tile`` of the list whose per-expert counts and ends are ``tiles_o``, ``ends_o``: where it
+    lies, then its product by TMA, at half height where it is a half tile."""
+    e, row0, row1, tm, tn, is_half = _tile(tile, ee, lo, hi, tiles_m, half, tiles_o, ends_o)
+    r0 = row0 + tm * BLOCK_M
+    c0 = tn * BLOCK_N
+    if HALF_TAIL and is_half:
+        _tma_tile(xh_desc, w_desc, Y, e, r0, c0, row1, N, K, stride_ym, stride_yn, BLOCK_M // 2, BLOCK_N, BLOCK_K,
+                  STAGES)
+    else:
+        _tma_tile(x_desc, w_desc, Y, e, r0, c0, row1, N, K, stride_ym, stride_yn, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
+
+
+@triton.jit
+def _grouped_gemm_tma_kernel(
+    # pointers
+    X, W, Y, OFFS,
+    # shapes
+    T, E, N, K,
+    # strides (elements)
+    stride_xm, stride_we, stride_wk, stride_ym, stride_yn,
+    # meta-parameters
+    NUM_PROGRAMS: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr, FLATTEN: tl.constexpr, HALF_TAIL: tl.constexpr = False, ORDER: tl.constexpr = 0,
+):
+    """The same schedule, with the tiles brought in by the tensor-memory accelerator (TMA): the unit fills
+    what lies past T, K or N with zeros, so only the store is masked (rows past the expert's end belong
+    to the next expert). FLATTEN: the tile loop is flattened into the K loop, so that the pipeline loads
+    a program's next tile while it finishes the current one."""
+    pid = tl.program_id(0)
+    x_desc, xh_desc, w_desc = _tma_descriptors(X, W, T, E, N, K, stride_xm, stride_we, stride_wk, BLOCK_M, BLOCK_N,
+                                               BLOCK_K, HALF_TAIL)
     ee, lo, hi, tiles_m, half, tiles, ends, tiles_h, ends_h, total = _schedule(OFFS, E, N, BLOCK_E, BLOCK_M, BLOCK_N,
                                                                                HALF_TAIL)
-    for i in tl.range(pid, total, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WS):
+    for i in tl.range(pid, total, NUM_PROGRAMS, flatten=FLATTEN):
         tile, tiles_o, ends_o = _order(i, tiles, ends, tiles_h, ends_h, total, ORDER)
-        e, row0, row1, tm, tn, is_half = _tile(tile, ee, lo, hi, tiles_m, half, tiles_o, ends_o)
-        r0 = row0 + tm * BLOCK_M
-        c0 = tn * BLOCK_N
-        if HALF_TAIL and is_half:
-            _tma_tile(xh_desc, w_desc, Y, e, r0, c0, row1, N, K, stride_ym, stride_yn, BLOCK_M // 2, BLOCK_N,
-                      BLOCK_K, STAGES)
-        else:
-            _tma_tile(x_desc, w_desc, Y, e, r0, c0, row1, N, K, stride_ym, stride_yn, BLOCK_M, BLOCK_N, BLOCK_K,
-                      STAGES)
-
-
-def _descriptor_memory(size: int, alignment: int, stream):
-    """Global memory for the descriptors the TMA kernel builds on the device (128 bytes each)."""
-    return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
+        _tma_output_tile(tile, tiles_o, ends_o, ee, lo, hi, tiles_m, half, x_desc, xh_desc, w_desc, Y, N, K,
+                         stride_ym, stride_yn, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, HALF_TAIL)
 
 
 def _check(x, w, offsets, out):
@@ -249,25 +260,21 @@ def _check(x, w, offsets, out):
 
 
 def choose_config(T: int, E: int, K: int | None = None) -> dict:
-    """Tile and launch for T routed tokens over E experts, from the H200 measurements of chapter 4
-    (``results/nvidia-h200/tuning/grouped-gemm-tiles.json``). Few tokens per expert make each expert's
-    product a thin row block that streams w[e]: small row tiles, and two programs per SM to keep more
-    of w in flight. From 32 tokens per expert on, each expert's product is a real matrix product: the
-    largest tile (``results/nvidia-h200/tuning/grouped-gemm-tall.json``: at E = 256, T = 8192 it took
-    0.92 of the time of 64 x 128 with skewed routing, about the same with uniform routing). Half-height
-    last row tiles (``half_tail``) stay off: chapter 4 times them against whole tiles case by case, and
-    on the H200 they moved most cases by a few percent either way. The largest tile runs its tile loop
-    flattened into its K loop (``flatten``: the pipeline loads a program's next tile while it finishes the
-    current one), which took 0.973 to 1.004 of the time of the plain loop on chapter 4's cases with that
-    tile, and up to 1.04 with the small tiles (``results/nvidia-h200/tuning/grouped-gemm-flatten.json``).
-    With that tile, a K of at most 4096 (``K`` None: unknown, taken as long) gets four pipeline stages
-    rather than three: on chapter 4's cases four took 0.962 to 1.002 of the time of three at K = 2048
-    and 4096, and 1.011 to 1.035 at K = 7168 (``results/nvidia-h200/tuning/grouped-gemm-mainloop.json``,
-    pairs). Below 32 tokens per expert the tiles of heavy experts (more than one row tile) go first
-    (``order="heavy_first"``): with skewed routing a few experts then hold most rows, and starting them
-    first keeps their tiles off the end of the schedule. On chapter 4's cases with the small tiles it took
-    0.893 (E=64, T=1024, Dirichlet 0.1) to 1.005 of the plain order's time in pairs; with the largest
-    tile up to 1.041 (``results/nvidia-h200/tuning/grouped-gemm-order.json``), so there the order stays."""
+    """Tile and launch for T routed tokens over E experts (chapter 4), from the tokens per expert T / E:
+
+    - Few tokens per expert (below 32) make each expert's product a thin row block that streams w[e]:
+      small row tiles (32 rows for at most two tokens per expert, else 64), 128 columns, and two
+      programs per SM, so that more of w is in flight at once. The heavy experts' tiles (more than one
+      row tile) go first (``order="heavy_first"``): with skewed routing a few experts hold most rows,
+      and started first their tiles do not finish last.
+    - From 32 tokens per expert on, each expert's product is a real matrix product: the largest tile
+      that fits in shared memory with its pipeline (128 x 256 with 8 warps, one program per SM) and the
+      plain expert order. Its tile loop is flattened into its K loop (``flatten``: the pipeline loads a
+      program's next tile while it finishes the current one; TMA kernel only). Four pipeline stages
+      where K is at most 4096, three for longer K (``K`` None: taken as long).
+    - Half-height last row tiles (``half_tail``) stay off: chapter 4 times them against whole tiles.
+
+    The tuning records of chapter 4's lab notes hold the evidence for each boundary."""
     per_expert = T / max(E, 1)
     if per_expert <= 2:
         return dict(block_m=32, block_n=128, block_k=64, num_warps=4, num_stages=4, programs_per_sm=2,
@@ -293,20 +300,20 @@ class GroupedGemm:
     """A grouped-GEMM launch planned once for fixed shapes, strides and dtypes; each call only launches.
 
     Planning checks the arguments and resolves the launch once (``choose_config``, TMA or pointer loads).
-    The first call compiles (or finds) the kernel through Triton's normal path; later calls hand the new
-    tensors straight to the compiled kernel, skipping the per-call checks and Triton's specialization,
-    which cost tens of microseconds of host time per call (chapter 4 measures both). ``offsets`` may
+    Calls go through ``lib.kernels.launch``: the first compiles (or finds) the kernel through Triton's
+    public path, later ones on a GPU hand the new tensors straight to the compiled kernel, skipping
+    host work that costs tens of microseconds per call (chapter 4 measures both). ``offsets`` may
     change from call to call: the token counts are read on the device. Calls must pass x and w of the
-    planned shapes, strides and dtypes (checked) and an ``out`` laid out as the planned one (contiguous
-    [T, N] unless the plan was given another); other tensors, or data not aligned to 16 bytes, take the
-    normal path. In Triton's interpreter (CPU) every call takes the normal path.
+    planned shapes, strides and dtypes (checked); an ``out`` laid out otherwise than the planned one
+    (contiguous [T, N] unless the plan was given another), or data not aligned to 16 bytes, takes the
+    public path. In Triton's interpreter (CPU) every call takes the public path.
     """
 
     def __init__(self, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
                  num_programs: int | None = None, block_m: int | None = None, block_n: int | None = None,
                  block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                 tma: bool | None = None, warp_specialize: bool = False, flatten: bool | None = None,
-                 half_tail: bool | None = None, order: str | None = None):
+                 tma: bool | None = None, flatten: bool | None = None, half_tail: bool | None = None,
+                 order: str | None = None):
         _check(x, w, offsets, out)
         T, K = x.shape
         E, _, N = w.shape
@@ -316,16 +323,19 @@ class GroupedGemm:
         block_k = block_k or cfg["block_k"]
         num_warps = num_warps or cfg["num_warps"]
         num_stages = num_stages or cfg["num_stages"]
+        for name, value in (("block_m", block_m), ("block_n", block_n), ("block_k", block_k)):
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two >= 16 (the smallest tl.dot), got {value}")
         if half_tail is None:  # the plan's rule, where the row tile can be halved
-            half_tail = cfg["half_tail"] and block_m >= 32 and not block_m & (block_m - 1)
-        if half_tail and (block_m < 32 or block_m & (block_m - 1)):
+            half_tail = cfg["half_tail"] and block_m >= 32
+        if half_tail and block_m < 32:
             raise ValueError(f"half_tail needs block_m a power of two of at least 32 (half tiles of at least 16 "
                              f"rows, the smallest tl.dot); got block_m={block_m}: pass half_tail=False")
         order = cfg["order"] if order is None else order
         flatten = cfg["flatten"] if flatten is None else flatten
         if order not in ORDERS:
             raise ValueError(f"order must be one of {tuple(ORDERS)} (see tile_schedule), got {order!r}")
-        programs = num_programs or cfg["programs_per_sm"] * _sm_count(x.device)
+        programs = num_programs or cfg["programs_per_sm"] * launch.sm_count(x.device)
         if programs < 1:
             raise ValueError(f"num_programs must be at least 1, got {programs}")
         self.empty = E == 0 or T == 0 or N == 0
@@ -337,20 +347,18 @@ class GroupedGemm:
         self.meta = dict(NUM_PROGRAMS=programs, BLOCK_E=max(16, triton.next_power_of_2(E)), BLOCK_M=block_m,
                          BLOCK_N=block_n, BLOCK_K=block_k)
         if self.tma:
-            self.kernel = _grouped_gemm_tma_kernel
-            self.meta.update(STAGES=num_stages, WS=warp_specialize, FLATTEN=bool(flatten), HALF_TAIL=half_tail,
-                             ORDER=ORDERS[order])
+            kernel = _grouped_gemm_tma_kernel
+            self.meta.update(STAGES=num_stages, FLATTEN=bool(flatten), HALF_TAIL=half_tail, ORDER=ORDERS[order])
             self.options = dict(num_warps=num_warps)
             self.scalars = (T, E, N, K, x.stride(0), w.stride(0), w.stride(1))
         else:
-            self.kernel = _grouped_gemm_kernel
+            kernel = _grouped_gemm_kernel
             self.meta.update(HALF_TAIL=half_tail, ORDER=ORDERS[order])
             self.options = dict(num_warps=num_warps, num_stages=num_stages)
             self.scalars = (E, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2))
-        self.meta_values = tuple(self.meta.values())  # in the kernel's order of constexpr parameters
         self.layout = (x.shape, w.shape, offsets.shape, x.stride(), w.stride(), x.dtype, x.device)
         self.out_stride = out.stride() if out is not None else (N, 1)
-        self.compiled = None
+        self.launch = launch.Launch(kernel, self.grid, self.meta, self.options, x.device)
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
                  out: torch.Tensor | None = None) -> torch.Tensor:
@@ -367,28 +375,18 @@ class GroupedGemm:
             raise ValueError(f"out must be [{T}, {N}] {x.dtype} on {x.device}; got {tuple(out.shape)} {out.dtype}")
         if self.empty:
             return out
-        args = (x, w, out, offsets, *self.scalars, out.stride(0), out.stride(1))
-        ck = self.compiled
-        direct = out.stride() == self.out_stride and not (
-            (x.data_ptr() | w.data_ptr() | out.data_ptr() | offsets.data_ptr()) % 16)
-        if ck is not None and direct:
-            stream = torch._C._cuda_getCurrentRawStream(x.device.index)
-            ck.run(*self.grid, 1, 1, stream, ck.function, ck.packed_metadata, None, None, None, *args,
-                   *self.meta_values)
-            return out
-        if self.tma and isinstance(_allocation._allocator.get(), _allocation.NullAllocator):  # keep the caller's
-            triton.set_allocator(_descriptor_memory)
-        ck = self.kernel[self.grid](*args, **self.meta, **self.options)
-        if direct and x.device.type == "cuda" and hasattr(ck, "packed_metadata"):
-            self.compiled = ck
+        if self.tma:
+            launch.ensure_descriptor_allocator()
+        direct = out.stride() == self.out_stride and launch.aligned(x, w, out, offsets)
+        self.launch(x, w, out, offsets, *self.scalars, out.stride(0), out.stride(1), direct=direct)
         return out
 
 
 def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
                  num_programs: int | None = None, block_m: int | None = None, block_n: int | None = None,
                  block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                 tma: bool | None = None, warp_specialize: bool = False, flatten: bool | None = None,
-                 half_tail: bool | None = None, order: str | None = None) -> torch.Tensor:
+                 tma: bool | None = None, flatten: bool | None = None, half_tail: bool | None = None,
+                 order: str | None = None) -> torch.Tensor:
     """y[offsets[e]:offsets[e+1]] = x[offsets[e]:offsets[e+1]] @ w[e] for every expert e, in one launch.
 
     x: [T, K] (tokens sorted by expert), w: [E, K, N], offsets: int32 [E + 1], non-decreasing, within
@@ -397,15 +395,14 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out
     Launch parameters left as None come from ``choose_config(T, E, K)``. ``tma``: load the tiles through
     tensor descriptors (Hopper's tensor-memory accelerator; None: whenever the strides allow it, i.e.
     unit stride in the last dimension and 16-byte aligned rows), else masked pointer loads (False, or
-    strides TMA cannot take); ``warp_specialize`` and ``flatten`` pass to the TMA kernel's tile loop
-    (``flatten`` None: ``choose_config``'s rule).
-    ``half_tail``: an expert whose rows past its last full row tile fit in half a tile computes that
-    last tile at half height (``row_tiles``). ``order``: the order of the tiles in the schedule
+    strides TMA cannot take); ``flatten`` passes to the TMA kernel's tile loop (None: ``choose_config``'s
+    rule). ``half_tail``: an expert whose rows past its last full row tile fit in half a tile computes
+    that last tile at half height (``row_tiles``). ``order``: the order of the tiles in the schedule
     (``tile_schedule``). It plans on every call; for repeated calls of one shape, ``GroupedGemm`` plans once.
     """
     plan = GroupedGemm(x, w, offsets, out=out, num_programs=num_programs, block_m=block_m, block_n=block_n,
-                       block_k=block_k, num_warps=num_warps, num_stages=num_stages, tma=tma,
-                       warp_specialize=warp_specialize, flatten=flatten, half_tail=half_tail, order=order)
+                       block_k=block_k, num_warps=num_warps, num_stages=num_stages, tma=tma, flatten=flatten,
+                       half_tail=half_tail, order=order)
     return plan(x, w, offsets, out=out)
 
 
@@ -436,29 +433,18 @@ def tile_schedule(Ms, N: int, block_m: int, block_n: int, workers: int, half_tai
     take them (worker = position % workers), with its problem, tile coordinates, its height in rows
     (``row_tiles``), the worker (program) that computes it and in which of that worker's rounds.
 
-    ``order``: ``"experts"``, problem after problem (within one, rows fastest); ``"interleave"``, the
-    heavy problems' tiles (more than one row tile) and the light ones', each list in problem order,
-    merged evenly, position i taking a heavy tile when floor((i + 1) H / total) > floor(i H / total) for
-    H heavy tiles; ``"heavy_first"``, the heavy list, then the light one."""
+    ``order``: ``"experts"``, problem after problem (within one, rows fastest); ``"heavy_first"``, the
+    heavy problems' tiles (more than one row tile), then the light ones', each list in problem order."""
     if order not in ORDERS:
         raise ValueError(f"order must be one of {tuple(ORDERS)}, got {order!r}")
-    lists = ([], [])  # light, heavy
+    light, heavy = [], []
     tile = 0
     for p, M in enumerate(Ms):
         heights = row_tiles(M, block_m, half_tail)
         tm_count, tn_count = len(heights), -(-N // block_n)
         for t in range(tm_count * tn_count):
-            lists[-(-M // block_m) > 1].append({"tile": tile, "problem": p, "tm": t % tm_count, "tn": t // tm_count,
-                                                "rows": heights[t % tm_count]})
+            (heavy if tm_count > 1 else light).append({"tile": tile, "problem": p, "tm": t % tm_count,
+                                                       "tn": t // tm_count, "rows": heights[t % tm_count]})
             tile += 1
-    light, heavy = lists
-    if order == "experts":
-        seq = sorted(light + heavy, key=lambda r: r["tile"])
-    elif order == "heavy_first":
-        seq = heavy + light
-    else:
-        H, seq = len(heavy), []
-        for i in range(tile):
-            before = i * H // tile
-            seq.append(heavy[before] if (i + 1) * H // tile > before else light[i - before])
+    seq = heavy + light if order == "heavy_first" else sorted(light + heavy, key=lambda r: r["tile"])
     return [{**r, "worker": i % workers, "round": i // workers} for i, r in enumerate(seq)]

@@ -8,6 +8,10 @@ a float32 reference, then GPU time (CUDA-graph replay) and call time (eager) of 
 torch.mm, the loop over 2/4/8 streams, torch._grouped_mm where the build has it, padded bmm, and the lib
 kernel over a few launch configurations; against the floor max(F/P, Q/BW) of chapter 0's ceilings.
 A first look ahead of chapter 4's notebook.
+
+Launches with the knobs the book's kernel does not have (warp specialization, the interleaved tile
+order) run the variant kernel of ``grouped_gemm_variants.py``, beside this file. ``--out`` records are
+written with their provenance (``records.py``).
 """
 
 from __future__ import annotations
@@ -19,11 +23,15 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import grouped_gemm_variants as variants  # noqa: E402
+import records  # noqa: E402
 import torch  # noqa: E402
 
 from lib.bench import ceilings, timing  # noqa: E402
 from lib.kernels import grouped_gemm as gg  # noqa: E402
+from lib.kernels import launch  # noqa: E402
 
 
 def counts_for(T, E, routing, gen):
@@ -152,7 +160,7 @@ def _tile_case(E, K, N, w, T, routing, gen, sms, P, BW, tma):
     rows = []
     for name, kw in _tile_variants(E, T, sms, tma):
         def fn(kw=kw):
-            return gg.grouped_gemm(x, w, offs, out=out, **kw)
+            return variants.grouped_gemm(x, w, offs, out=out, **kw)
         try:
             out.fill_(float("nan"))
             fn()
@@ -186,10 +194,7 @@ def sweep_tiles(out_path, tma):
                 continue
             rows += _tile_case(E, K, N, w, T, routing, gen, sms, P, BW, tma)
             print(f"E={E} T={T} {routing} done", flush=True)
-            if out_path:
-                tmp = Path(str(out_path) + ".tmp")
-                tmp.write_text(json.dumps(rows, indent=1))
-                tmp.replace(out_path)
+            records.write(out_path, rows, tool=__file__)
         torch.cuda.empty_cache()
 
 
@@ -220,7 +225,7 @@ def sweep_cases(out_path, configs, keep, pair_all=False):
         for name, kw in configs.items():
             out = torch.zeros(T, N, device=dev, dtype=torch.bfloat16)
             try:
-                plan = gg.GroupedGemm(x, w, offsets, out=out, **kw)
+                plan = variants.GroupedGemmVariant(x, w, offsets, out=out, **kw)
                 plan(x, w, offsets, out=out)
             except Exception as ex:  # a launch this compiler refuses (never the rule's)
                 if name == "rule":
@@ -241,16 +246,13 @@ def sweep_cases(out_path, configs, keep, pair_all=False):
         print(f"E={E:3d} T={T:5d} {routing:7s} " + " ".join(f"{n}:{t:.1f}" for n, t in times.items()) + " | "
               + " ".join(f"{n} / rule {d['ratio']['median']:.3f} [{d['ratio']['q1']:.3f}-{d['ratio']['q3']:.3f}]"
                          for n, d in pairs.items()), flush=True)
-        if out_path:
-            tmp = Path(str(out_path) + ".tmp")
-            tmp.write_text(json.dumps(rows, indent=1))
-            tmp.replace(out_path)
+        records.write(out_path, rows, tool=__file__)
 
 
 def sweep_tall(out_path):
     """Cases with at least 32 tokens per expert: row tiles of 256, 128 x 128 or 128 x 256 with four stages,
     and 64 x 128 with two programs per SM, against the tile rule."""
-    sms = gg._sm_count(torch.device("cuda"))
+    sms = launch.sm_count("cuda")
     configs = {
         "rule": {},
         "64x128 w4 s4 x2": dict(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4, num_programs=2 * sms),
@@ -285,7 +287,7 @@ def sweep_mainloop(out_path):
     """Cases with at least 32 tokens per expert: the main loop's depth and step (four stages; steps of 128
     along K with two stages) and 128 x 128 tiles with two programs per SM, each against the rule (its
     tile loop flattened) in pairs."""
-    sms = gg._sm_count(torch.device("cuda"))
+    sms = launch.sm_count("cuda")
     configs = {"rule": {}, "s4": dict(num_stages=4), "k128 s2": dict(block_k=128, num_stages=2),
                "128x128 w8 s3 x2": dict(block_n=128, num_warps=8, num_stages=3, num_programs=2 * sms),
                "128x128 w4 s4 x2": dict(block_n=128, num_warps=4, num_stages=4, num_programs=2 * sms)}
@@ -326,8 +328,7 @@ def main():
             for routing in ("uniform", 0.1):
                 measure_case(E, K, N, w, w_nk, T, routing, gen, P, BW, rows)
         torch.cuda.empty_cache()
-    if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1))
+    records.write(args.out, rows, tool=__file__)
     import pandas as pd
 
     df = pd.DataFrame(rows)

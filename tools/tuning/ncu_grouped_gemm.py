@@ -11,11 +11,12 @@ On a GPU machine with ``ncu``:
 ``run`` launches the lib kernel (planned, its defaults) at each case, with chapter 4's token counts read
 from its results, a few times; at the worst weight-bound case it also runs cuBLAS's batched GEMM over
 every expert padded to the largest (``torch.bmm``). It writes the order of its launches to the
-manifest. ``parse`` pairs ncu's rows with the manifest, keeps the throughputs (as shares of each unit's
-peak), the L2 hit rate, occupancy, the clock, and the warps' stall reasons (cycles stalled per issued
-instruction, as shares of all stalled cycles), and
-writes one row per launch and the median per case and path. The clocks are left as they are, so
-the durations are those of a GPU under profiling, not chapter 4's timings.
+manifest, with the provenance of the GPU run (``lib.bench.device.provenance``). ``parse`` pairs ncu's
+rows with the manifest, keeps the throughputs (as shares of each unit's peak), the L2 hit rate,
+occupancy, the clock, and the warps' stall reasons (cycles stalled per issued instruction, as shares of
+all stalled cycles), and writes one row per launch and the median per case and path, with the run's
+provenance, through ``lib.bench.results.write``. The clocks are left as they are, so the durations are
+those of a GPU under profiling, not chapter 4's timings.
 """
 
 from __future__ import annotations
@@ -77,7 +78,9 @@ def run(manifest: Path) -> None:
         torch.cuda.synchronize()
         del w, x, out
         torch.cuda.empty_cache()
-    manifest.write_text(json.dumps(launches, indent=1))
+    from lib.bench import device, results
+
+    results.write(manifest, {"provenance": device.provenance("cuda"), "launches": launches})
 
 
 def _number(text: str) -> float | None:
@@ -92,7 +95,9 @@ def parse(counters: Path, manifest: Path, out: Path) -> None:
     start = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
     table = list(csv.reader(io.StringIO("\n".join(line for line in lines[start:] if line.startswith('"')))))
     header, units, data = table[0], table[1], table[2:]
-    launches = json.loads(manifest.read_text())
+    listed = json.loads(manifest.read_text())
+    # the manifest: {"provenance", "launches"}; a bare list of launches from before provenance was kept
+    launches, provenance = (listed, None) if isinstance(listed, list) else (listed["launches"], listed["provenance"])
     if len(data) != len(launches):
         raise ValueError(f"{counters} holds {len(data)} profiled launches but {manifest} lists {len(launches)}: "
                          "profile with the kernel filter of this module's docstring")
@@ -119,9 +124,10 @@ def parse(counters: Path, manifest: Path, out: Path) -> None:
                    if isinstance(v, float) and all(isinstance(r.get(k), float) for r in group)}
         stalls = "stalls (share of stalled cycles)"
         summary[f"{key[0]} | {key[1]}"] = numbers | {stalls: group[-1][stalls]}
-    tmp = Path(str(out) + ".tmp")
-    tmp.write_text(json.dumps({"summary": summary, "launches": rows}, indent=1))
-    tmp.replace(out)
+    from lib.bench import results
+
+    results.write(out, {"tool": "tools/tuning/ncu_grouped_gemm.py", "provenance": provenance, "summary": summary,
+                        "launches": rows})
     for key, s in summary.items():
         print(key, {k: round(v, 1) for k, v in s.items() if isinstance(v, float) and "pct" in k})
 

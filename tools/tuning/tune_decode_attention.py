@@ -7,6 +7,11 @@ of torch SDPA on a dense cache, of a kernel that only reads the same bytes (the 
 do), and of the decode kernel over launch parameters, with the L2 defeated. At the seed's shape the
 search is staged: tile, warps and pipeline depth first, then splits and the loads' cache policy around
 the best. Used to choose the kernel's defaults; chapter 3's notebook measures the chosen one.
+
+Launches with the knobs the book's kernel does not have (K and V requested together, an eviction hint,
+the block-table lookup forced per page or per token) run the variant kernel of
+``decode_attention_variants.py``, beside this file. ``--out`` records are written with their provenance
+(``records.py``).
 """
 
 from __future__ import annotations
@@ -18,26 +23,17 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import decode_attention_variants as variants  # noqa: E402
+import records  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
 from lib.bench import profile, timing  # noqa: E402
 from lib.kernels import decode_attention as da  # noqa: E402
 from lib.kernels import stream  # noqa: E402
-
-
-@triton.jit
-def _read(K, V, OUT, n_per, BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
-    base = pid.to(tl.int64) * n_per
-    acc = tl.zeros([BLOCK], tl.float32)
-    for i in range(0, n_per, BLOCK):
-        off = base + i + tl.arange(0, BLOCK)
-        acc += tl.load(K + off).to(tl.float32) + tl.load(V + off).to(tl.float32)
-    tl.store(OUT + pid, tl.sum(acc))
 
 
 def make(B, H_q, H_kv, L, D, page, dev, gen):
@@ -82,8 +78,7 @@ def sweep_splits(out_path):
     import pandas as pd
 
     df = pd.DataFrame(rows)
-    if out_path:
-        Path(out_path).write_text(json.dumps(rows, indent=1))
+    _write(rows, out_path)
     wide = df.pivot_table(index=["B", "H_kv", "L", "combine", "rule"], columns="splits", values="gpu_us")
     wide["best"] = wide.idxmin(axis=1)
     wide["rule / best"] = [wide.loc[i, i[4]] / wide.loc[i].drop("best").min() for i in wide.index]
@@ -118,8 +113,7 @@ def sweep_pages(out_path):
     import pandas as pd
 
     df = pd.DataFrame(rows)
-    if out_path:
-        Path(out_path).write_text(json.dumps(rows, indent=1))
+    _write(rows, out_path)
     wide = df.pivot_table(index=["B", "H_kv", "L"], columns=["page", "prefetch", "stages"], values="gpu_us")
     pd.set_option("display.width", 250)
     print(wide.round(2).to_string())
@@ -207,17 +201,12 @@ def sweep_pipeline(out_path, budget_s=420.0):
               f"{top['gpu_us']:.1f} ({top['vs_sdpa']:.2f}x) bn={top['block_n']} w={top['warps']} st={top['stages']} "
               f"pf={top['prefetch']} splits={top['splits']} {top['combine']}  [{time.perf_counter() - t_start:.0f} s]",
               flush=True)
-        if out_path:
-            tmp = Path(str(out_path) + ".tmp")
-            tmp.write_text(json.dumps(rows, indent=1))
-            tmp.replace(out_path)
+        _write(rows, out_path)
 
 
 def _write(rows, out_path):
-    if out_path:
-        tmp = Path(str(out_path) + ".tmp")
-        tmp.write_text(json.dumps(rows, indent=1))
-        tmp.replace(out_path)
+    """The sweep's rows so far, with their provenance (``records.write``)."""
+    records.write(out_path, rows, tool=__file__)
 
 
 def _checked_plan(data, ref, layout, cfg):
@@ -226,7 +215,7 @@ def _checked_plan(data, ref, layout, cfg):
     q, k, v, kc, vc, bt, lens = data[0]
     dbt = da.dense_as_paged(k)[1]
     kk, vv, bb = (k, v, dbt) if layout == "dense" else (kc, vc, bt)
-    plan = da.DecodeAttention(q, kk, vv, bb, lens, **cfg)
+    plan = variants.plan(q, kk, vv, bb, lens, **cfg)
     n = ref.shape[0]
     err = ((plan(q, kk, vv, bb, lens)[:n].double() - ref.double()).norm() / ref.double().norm()).item()
     assert err < 1e-2, (tuple(q.shape), layout, cfg, err)
@@ -692,8 +681,8 @@ def main():
         q, k, v, kc, vc, bt, lens = data[0]
         splits = da.choose_splits(B * H_kv, L, bn, sms, waves=waves)
         try:
-            plan = da.DecodeAttention(q, kc, vc, bt, lens, num_splits=splits, block_n=bn, num_warps=nw,
-                                      num_stages=ns, v_early=early, evict=evict)
+            plan = variants.plan(q, kc, vc, bt, lens, num_splits=splits, block_n=bn, num_warps=nw, num_stages=ns,
+                                 v_early=early, evict=evict)
             plan(q, kc, vc, bt, lens)
             out = plan(q, kc, vc, bt, lens)  # the direct launch
             err = ((out[:2].float() - ref).norm() / ref.norm()).item()
@@ -730,14 +719,14 @@ def main():
                 n = k.numel()
                 for progs, block, nw in itertools.product([sms, 2 * sms, 4 * sms, 8 * sms], [1024, 4096], [4, 8]):
                     per = triton.cdiv(triton.cdiv(n, progs), block) * block
-                    progs_used = n // per
-                    if progs_used * per != n:
+                    if n % per:  # whole steps only, as the sweep always did
                         continue
-                    outr = torch.empty(progs_used, device=dev, dtype=torch.float32)
-                    fns = [lambda d=d, p=progs_used, per=per, block=block, nw=nw, o=outr:
-                           _read[(p,)](d[1], d[2], o, per, BLOCK=block, num_warps=nw) for d in data]
+                    outr = torch.empty(n // per, device=dev, dtype=torch.float32)
+                    fns = [lambda d=d, p=progs, block=block, nw=nw, o=outr: stream.read_sum(d[1], d[2], programs=p,
+                                                                                            block=block, num_warps=nw,
+                                                                                            out=o) for d in data]
                     t = timing.bench(fns, device=dev, reps=15, target_ms=1.0)
-                    rows.append({"B": B, "H_kv": H_kv, "L": L, "path": "read-only", "programs": progs_used, "block": block,
+                    rows.append({"B": B, "H_kv": H_kv, "L": L, "path": "read-only", "programs": n // per, "block": block,
                                  "warps": nw, "gpu_us": t.gpu_us.median, "spread": t.gpu_us.spread,
                                  "call_us": t.call_us.median, "GBps": nbytes / t.gpu_us.median / 1e3})
             if seed and page == 16:
@@ -753,8 +742,7 @@ def main():
             del data
             torch.cuda.empty_cache()
         print(f"shape B={B} H_kv={H_kv} L={L} done", flush=True)
-    if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1))
+    _write(rows, args.out)
     import pandas as pd
 
     df = pd.DataFrame(rows)

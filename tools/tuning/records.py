@@ -1,0 +1,46 @@
+"""Tuning records: a sweep's rows written with where and how they were measured.
+
+``write(out_path, rows, tool=__file__)`` writes ``{"tool", "argv", "provenance", "rows"}`` through
+``lib.bench.results.write`` (a temporary file, then a rename: an interrupted sweep never damages the
+last record), with ``lib.bench.device.provenance`` (device, driver, versions, date, git commit) taken at
+the first write of the process. Sweeps call it after every shape, so a sweep stopped midway leaves the
+rows it finished. Values JSON cannot hold (NaN, infinities) are written as null.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from lib.bench import device as dev  # noqa: E402
+from lib.bench import results  # noqa: E402
+
+
+@functools.cache
+def _provenance(device: str) -> dict:
+    return dev.provenance(device)
+
+
+def _clean(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def write(out_path: str | Path | None, rows: list, *, tool: str | Path, device: str = "cuda") -> None:
+    """Write ``rows`` to ``out_path`` (nothing when it is None) as the record of ``tool``'s run."""
+    if not out_path:
+        return
+    tool = Path(tool).resolve()
+    name = tool.relative_to(ROOT).as_posix() if tool.is_relative_to(ROOT) else tool.name
+    results.write(out_path, {"tool": name, "argv": sys.argv[1:], "provenance": _provenance(device),
+                             "rows": _clean(rows)})
