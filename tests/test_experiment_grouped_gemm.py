@@ -1,0 +1,197 @@
+"""lib.experiments.grouped_gemm (chapter 4): the smoke sweep measured on the CPU with the notebook's own
+paths, the data's structure against the stored H200 results, the correctness checks on wrong paths, the
+unmasked kernel's counts worked by hand, and the analysis on a case worked by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from lib.bench import results
+from lib.experiments import grouped_gemm as experiment
+from lib.kernels import grouped_gemm as gg
+from lib.kernels import launch
+from tests.conftest import ROOT
+
+NOTEBOOK = ROOT / "notebooks" / "04-grouped-gemm.ipynb"
+# one case, the cheapest the sweep can run: the checks come before any timing
+TINY = {**experiment.sweep("smoke"), "shapes": [[3, 16, 24]], "T": [6], "routing": ["uniform"]}
+
+
+def notebook_paths():
+    """The notebook's ``paths`` (its cells tagged measure, less the run cell), after its import cell."""
+    cells = [c for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"]
+    src = ["".join(c["source"]) for c in cells]
+    ns = {}
+    exec(next(s for s in src if "from lib.experiments import grouped_gemm" in s), ns)
+    for c, s in zip(cells, src):
+        tags = c["metadata"].get("tags", [])
+        if "measure" in tags and "measure_or_replay" not in s:
+            exec(s, ns)
+    return ns["paths"]
+
+
+@pytest.fixture(scope="module")
+def smoke():
+    params = experiment.sweep("smoke")
+    return params, experiment.measure(params, "cpu", notebook_paths())
+
+
+def stored():
+    return results.load("04-grouped-gemm", results.REFERENCE)
+
+
+def test_full_sweep_is_what_the_reference_set_was_measured_with():
+    params = dict(stored()["params"])
+    assert params.pop("size") == "full"
+    assert experiment.sweep("full") == params
+    with pytest.raises(ValueError, match="'full' and a 'smoke'"):
+        experiment.sweep("medium")
+
+
+def test_smoke_data_has_the_structure_of_the_stored_data(smoke):
+    params, data = smoke
+    ref = {r["path"]: r for r in stored()["data"]["points"]}
+    assert data["sms"] == launch.CPU_SMS
+    cases = [(E, T, str(r)) for E, _, _ in params["shapes"] for T in params["T"] for r in params["routing"]]
+    seen = {}
+    for row in data["points"]:
+        seen.setdefault((row["E"], row["T"], row["routing"]), []).append(row["path"])
+        assert set(row) == set(ref[row["path"]]), row["path"]
+        assert set(row["timing"]) == set(ref[row["path"]]["timing"]) and row["timing"]["method"] == "cpu-wall"
+        counts = row["counts"]
+        assert len(counts) == row["E"] and sum(counts) == row["T"]
+        assert row["nonempty"] == sum(1 for m in counts if m) and row["Mmax"] == max(counts)
+        assert row["err"] < experiment.tolerance(params["dtype"])
+        assert row["kernels"] == (row["nonempty"] if row["path"] == "loop" else None)  # no profiler on the CPU
+        if row["path"] == "lib":
+            assert set(row["config"]) == set(ref["lib"]["config"])
+            assert row["config"]["programs"] == row["config"]["programs_per_sm"] * launch.CPU_SMS
+            assert row["half_tail_err"] < experiment.tolerance(params["dtype"])
+            assert len(row["half_tail_pairs"]["ratio"]) and row["half_tail_pairs"]["method"] == "cpu-wall pairs"
+    assert list(seen) == cases  # every case once, in the order of the sweep's loops
+    for paths in seen.values():  # every path of the CPU once per case, in the notebook's order
+        assert paths[0] == "loop" and paths[-2:] == ["lib", "lib, unplanned"] and "padded bmm" in paths
+        assert not any(p.startswith("streams") for p in paths)  # streams are CUDA streams: GPU only
+
+
+def test_smoke_data_goes_through_the_analysis(smoke):
+    params, data = smoke
+    c = {"bf16_tflops": 1.0, "copy_bw_GBps": 1.0}
+    a = experiment.Analysis(data, params, c)
+    assert len(a.cases) == len(params["shapes"]) * len(params["T"]) * len(params["routing"])
+    numbers, texts, checks = a.numbers(), a.texts(), a.checks()
+    assert numbers["cases"] == len(a.cases) and numbers["lib_tma_cases"] == len(a.cases)
+    assert set(texts) >= {f"target_{i}_verdict" for i in (1, 2, 3, 4)}
+    assert checks["err_max"] < experiment.tolerance(params["dtype"]) and checks["lib_kernels_max"] == 1
+
+
+def wrong(name, paths):
+    """``paths`` with the path ``name`` returning its output plus one."""
+    def bad(c, p, device):
+        fns = paths(c, p, device)
+        good = fns[name]
+        fns[name] = lambda: good() + 1
+        return fns
+    return bad
+
+
+@pytest.mark.parametrize("name", ["loop", "padded bmm", "lib, unplanned", experiment.HALF])
+def test_a_wrong_path_stops_the_run(name):
+    with pytest.raises(AssertionError, match=f"{name} E=3 T=6 uniform: relative error"):
+        experiment.measure(TINY, "cpu", wrong(name, notebook_paths()))
+
+
+def test_paths_must_give_the_lib_plan_and_the_required_paths():
+    paths = notebook_paths()
+
+    def unplanned_lib(c, p, device):
+        fns = paths(c, p, device)
+        fns["lib"] = fns["lib, unplanned"]
+        return fns
+
+    def no_half(c, p, device):
+        fns = paths(c, p, device)
+        del fns[experiment.HALF]
+        return fns
+
+    with pytest.raises(TypeError, match="functools.partial"):
+        experiment.measure(TINY, "cpu", unplanned_lib)
+    with pytest.raises(ValueError, match="no callable for \\['lib, half tails'\\]"):
+        experiment.measure(TINY, "cpu", no_half)
+    with pytest.raises(ValueError, match="params lack \\['pairs'\\]"):
+        experiment.measure({k: v for k, v in TINY.items() if k != "pairs"}, "cpu", paths)
+
+
+def test_route_counts_every_token_once():
+    gen = torch.Generator().manual_seed(0)
+    for routing in ("uniform", 0.1):
+        counts = experiment.route(100, 7, routing, gen)
+        assert counts.shape == (7,) and int(counts.sum()) == 100 and bool((counts >= 0).all())
+
+
+def test_unmasked_kernel_counts_worked_by_hand():
+    """Tiles of 16: the first expert's tile covers rows 0-15 and, for N = 24, columns 0-31 (2 column
+    tiles): 16 * 32 = 512 cells written, of which the output [8, 24] holds 8 * 24 = 192: 320 past it; its
+    rows 5-7 are the second expert's: 3 * 24 = 72. With K = 20 every cell sums 12 products of the
+    buffers' other data: all 192 wrong. Experts of 3 and 2 tokens, N = 16, K = 16: 256 written, 5 * 16 =
+    80 inside, 176 past; rows 3-4 of the second expert: 32."""
+    m = experiment.masks_demo(Ms=[5, 3], N=24, K_whole=32, K_tail=20)
+    assert (m["outside_cells"], m["next_cells"], m["wrong_cells"], m["cells"]) == (320, 72, 192, 192)
+    m = experiment.masks_demo(Ms=[3, 2], N=16, K_whole=16, K_tail=20)
+    assert (m["outside_cells"], m["next_cells"], m["wrong_cells"], m["cells"]) == (176, 32, 80, 80)
+    table = experiment.masks_table(m)
+    assert list(table["cells"]) == [176, 32, 80, 80]
+
+
+def point(path, gpu_us, call_us, **extra):
+    """One row of data for the case E = 2, K = 4, N = 8, T = 4, counts [3, 1]."""
+    t = {"median": 0.0, "q1": 0.0, "q3": 0.0, "min": 0.0, "max": 0.0, "n": 1}
+    timing = {"gpu_us": {**t, "median": gpu_us}, "call_us": {**t, "median": call_us}, "calls_per_sample": 1,
+              "buffers": 1, "method": "cpu-wall"}
+    return {"E": 2, "K": 4, "N": 8, "T": 4, "routing": "uniform", "path": path, "err": 0.0, "nonempty": 2,
+            "Mmax": 3, "counts": [3, 1], "kernels": 1, "kernel_names": None, "timing": timing, **extra}
+
+
+def test_analysis_of_a_case_worked_by_hand():
+    """bf16 (2 bytes), P = 1 TFLOP/s, BW = 1 GB/s: F = 2 * 4 * 4 * 8 = 256 FLOPs, Q = 2 (2 * 4 * 8 + 4 * 4 +
+    4 * 8) = 224 bytes, the floor max(0.000256, 0.224) us, memory-bound. Tiles of 16 x 16 over experts of 3
+    and 1 rows, N = 8: 2 tiles of 256 cells for 32 useful ones: waste 1 - 32/512; padded to the busiest:
+    1 - 4 / (2 * 3). Four programs (4 SMs, one each): one round, half a tile per program."""
+    cfg = dict(gg.choose_config(4, 2, 4), block_m=16, block_n=16, programs_per_sm=1)
+    ratio = {"median": 1.25, "q1": 1.0, "q3": 1.5, "min": 1.0, "max": 1.5, "n": 3}
+    data = {"sms": 4, "points": [
+        point("loop", 2.0, 8.0),
+        point("grouped_mm", 1.0, 3.0),
+        point("lib", 0.448, 2.0, config=cfg, tma=True, half_tail_err=0.0, half_tail_pairs={"ratio": ratio},
+              vs_grouped_mm_pairs={"ratio": {**ratio, "median": 0.5}}),
+        point("lib, unplanned", 0.448, 6.0),
+    ]}
+    params = {**experiment.sweep("full"), "shapes": [[2, 4, 8]], "T": [4], "routing": ["uniform"]}
+    a = experiment.Analysis(data, params, {"bf16_tflops": 1.0, "copy_bw_GBps": 1.0})
+    case = (2, 4, "uniform")
+    row = a.cases.loc[case]
+    assert row["floor (us)"] == pytest.approx(0.224) and row["bound"] == "memory"
+    assert a.per_path("GPU time (us)").columns.tolist() == ["loop", "grouped_mm", "lib"]
+    s = a.summary.loc[case]
+    assert s["lib of floor"] == pytest.approx(0.5)
+    assert s["speedup vs grouped_mm (GPU, pairs)"] == pytest.approx(2.0)  # 1 / the pairs' median ratio
+    assert s["speedup vs grouped_mm (GPU, apart)"] == pytest.approx(1.0 / 0.448)
+    assert s["speedup vs loop (call)"] == pytest.approx(4.0) and s["loop call / floor"] == pytest.approx(8 / 0.224)
+    t = a.tiles.loc[case]
+    assert (t["tiles"], t["rounds"], t["tile"]) == (2, 1, "16 x 16")
+    assert t["tiles per program"] == pytest.approx(0.5)
+    assert t["tile waste"] == pytest.approx(1 - 32 / 512) and t["padded bmm waste"] == pytest.approx(1 - 4 / 6)
+    w = a.work.loc[case]
+    assert w["computed / useful FLOPs"] == pytest.approx(16.0)
+    assert w["half tails: computed / useful"] == pytest.approx((8 + 8) * 16 / 32)  # half tiles of 8 rows
+    assert w["half tails / whole (GPU)"] == pytest.approx(1.25)
+    assert a.best_rate == pytest.approx(256 * 16 / 0.448e-6)
+    n = a.numbers()
+    assert n["lib_unplanned_over_planned_call_median"] == pytest.approx(3.0)
+    assert n["grouped_mm_e8_worst_q1"] == pytest.approx(1 / 1.5) and n["grouped_mm_e8_worst_q3"] == pytest.approx(1.0)
+    assert a.texts()["grouped_mm_e8_worst_case"] == "T = 4, uniform routing"
+    assert a.checks()["unplanned_over_planned_smallest"] == pytest.approx(3.0)
+    assert list(a.targets["met"]) == [False, True, False, False]  # no case at E >= 64; lib beats grouped_mm
