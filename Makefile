@@ -11,6 +11,11 @@ NOTEBOOK_PKGS ?= papermill ipykernel nbclient myst-nb numpy pandas matplotlib tq
 
 # The Triton release installed where torch brings none (its CPU build): the reference machine's.
 TRITON ?= 3.6.0
+# The Triton a reader gets with torch 2.13 from PyPI: the book's kernels are compiled with it too.
+TRITON_NEXT ?= 3.7.1
+TRITON_NEXT_DIR := .cache/triton-$(TRITON_NEXT)
+# What `make check-kernels` compiles: one configuration of each code path (ALL=1: every configuration)
+KERNELS := $(if $(ALL),,--paths)
 
 # The browser of `make check-html`: Debian's Chromium, installed when missing (as root, or with sudo).
 CHROMIUM ?= /usr/bin/chromium
@@ -32,13 +37,16 @@ export IPYTHONDIR := $(CURDIR)/tools/ipython
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 unexport MPLBACKEND
 
-.PHONY: help book test check-html devices measure notebooks wheelhouse check-fresh clean distclean
+.PHONY: help book test check-html check-kernels devices measure notebooks wheelhouse check-fresh mutants clean distclean
 
 help:
 	@echo "make book         build the site into _build/html from the committed notebooks"
 	@echo "make test         the whole suite: unit tests, kernels on the CPU, notebook smoke runs, nbval, book build,"
 	@echo "                  and the browser check of every page"
 	@echo "make check-html   build the site, open every page in headless Chromium, screenshots in _build/screenshots"
+	@echo "make check-kernels compile the book's kernels for sm_90a without a GPU, on Triton $(TRITON) and $(TRITON_NEXT)"
+	@echo "                  (one configuration of each code path; ALL=1: every configuration the chapters launch)"
+	@echo "make mutants      mutation testing of the ideas and the results store; fails below 85% killed"
 	@echo "make measure      run every notebook in measure mode on this machine's GPU (chapter order)"
 	@echo "make devices      replay every other device's results in results/ for the book's devices page"
 	@echo "make notebooks    re-execute the committed notebooks in replay mode, in place (REFERENCE=$(REFERENCE))"
@@ -65,8 +73,22 @@ book: $(BOOK_ENV)
 
 test: $(ENV) $(CHROMIUM)
 	$(PYTHON) -m ruff check lib tests tools notebooks
+	$(MAKE) check-kernels
 	BOOK_REQUIRE_BROWSER=1 $(PYTHON) -m pytest
 	$(MAKE) check-html
+
+check-kernels: $(ENV) $(TRITON_NEXT_DIR)/.installed
+	$(PYTHON) tools/check_kernels.py $(KERNELS)
+	PYTHONPATH=$(TRITON_NEXT_DIR) $(PYTHON) tools/check_kernels.py $(KERNELS)
+
+$(TRITON_NEXT_DIR)/.installed:
+	$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps --target $(TRITON_NEXT_DIR) triton==$(TRITON_NEXT)
+	touch $@
+
+mutants: $(ENV)
+	rm -rf mutants
+	$(PYTHON) -m mutmut run --max-children 2 > .cache/mutmut.log 2>&1 || (tail -20 .cache/mutmut.log; exit 1)
+	$(PYTHON) tools/mutation_score.py --at-least 0.85
 
 check-html: $(ENV) $(CHROMIUM)
 	$(MAKE) book
@@ -102,7 +124,7 @@ check-fresh: $(ENV)
 	$(PYTHON) tools/book.py check-fresh
 
 clean:
-	rm -rf _build .pytest_cache .ruff_cache
+	rm -rf _build .pytest_cache .ruff_cache mutants
 	find . -name __pycache__ -not -path "./$(VENV)/*" -prune -exec rm -rf {} +
 
 distclean: clean

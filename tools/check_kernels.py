@@ -1,7 +1,7 @@
 """Compile every kernel the book launches for Hopper (sm_90a), without a GPU.
 
-    python tools/check_kernels.py [--only decode_attention,grouped_gemm,stream,tuning] [--limit N] [--jobs J]
-                                  [--list] [--fresh-cache]
+    python tools/check_kernels.py [--only decode_attention,grouped_gemm,stream,tuning] [--paths] [--limit N]
+                                  [--jobs J] [--list] [--fresh-cache]
 
 Triton's interpreter (how CI runs the kernels) never compiles them, so a kernel that the frontend, the
 compiler's passes or ptxas would reject on the GPU passes every CPU test. This check compiles them, for
@@ -83,6 +83,19 @@ class Job:
     def key(self):
         return (self.kernel.fn.__module__, self.name, tuple(self.signature.items()),
                 tuple((k, repr(v)) for k, v in self.constants.items()), tuple((k, repr(v)) for k, v in self.attrs.items()),
+                tuple(sorted(self.options.items())))
+
+    def code_path(self):
+        """What decides the code the compiler sees, without the sizes that only scale it: the kernel, its
+        options, its argument types, its flags and tile sizes, whether a context is split and how a page
+        compares with a tile. One job of each is what ``--paths`` compiles."""
+        meta = dict(self.shown)
+        kept = {k: v for k, v in meta.items() if isinstance(v, bool) or k.startswith(("BLOCK", "STAGES", "ORDER"))}
+        if "SPLITS" in meta:
+            kept["SPLITS"] = min(int(meta["SPLITS"]), 2)
+        if "PAGE" in meta and "BLOCK_N" in meta:
+            kept["PAGE"] = "whole tiles" if meta["PAGE"] % meta["BLOCK_N"] == 0 else "pages per tile"
+        return (self.kernel.fn.__module__, self.name, tuple(self.signature.values()), tuple(sorted(kept.items())),
                 tuple(sorted(self.options.items())))
 
     def describe(self) -> str:
@@ -302,6 +315,14 @@ def plan_jobs(groups=GROUPS, sms: int = H200_SMS) -> list[Job]:
     return list(unique.values())
 
 
+def one_per_code_path(jobs: list[Job]) -> list[Job]:
+    """The first job of each ``Job.code_path``: every branch and tile of every kernel, compiled once."""
+    first = {}
+    for job in jobs:
+        first.setdefault(job.code_path(), job)
+    return list(first.values())
+
+
 def compile_job(job: Job) -> tuple[bool, str]:
     """Compile ``job`` for sm_90a; (ok, message). The message names the kernel and its configuration."""
     try:
@@ -347,6 +368,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=",".join(GROUPS), help=f"comma-separated groups of {GROUPS}")
     ap.add_argument("--limit", type=int, default=None, help="compile only the first N jobs of each group")
+    ap.add_argument("--paths", action="store_true",
+                    help="one configuration of each code path (Job.code_path): every branch and tile, not every size")
     ap.add_argument("--sms", type=int, default=H200_SMS, help="the SMs the plans' rules count (H200: 132)")
     ap.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
                     help="compile in this many processes (default: one per CPU core this process may use)")
@@ -362,6 +385,7 @@ def main(argv=None) -> int:
     jobs = []
     for group in groups:
         found = plan_jobs([group], args.sms)
+        found = one_per_code_path(found) if args.paths else found
         jobs += found[: args.limit] if args.limit else found
     if args.list:
         for job in jobs:
