@@ -1,18 +1,28 @@
-"""lib.serving and lib.workloads: determinism, every request finishing once with every token, bad input."""
+"""lib.serving and lib.workloads: the cost model, the policy, the metrics, and properties of the simulator
+over random workloads and policies (every request finishes once with every token, token times move
+forward, limits hold, runs are reproducible). Hand-worked traces are in test_serving_traces.py."""
 
 from __future__ import annotations
 
+import importlib
 import math
+import random
+import re
+from collections import Counter, defaultdict
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lib import serving, workloads
-from lib.bench import fit
 
-CEIL = {"bf16_tflops": 792.0, "copy_bw_GBps": 4244.0}
-COST = serving.CostModel.llama3_8b(CEIL, overhead_s=2e-4)
+simulate_module = importlib.import_module("lib.serving.simulate")  # the module, which the function's name hides
+
+# a model like chapter 6's fit: a forward pass of 1.8 ms up to ~100 tokens, compute-bound beyond
+COST = serving.MeasuredCostModel.fitted([16, 64, 256, 1024, 4096, 16384], [1.8e-3, 1.75e-3, 2.2e-3, 4.8e-3, 15.4e-3, 39.6e-3],
+                                        prefill_s_per_work=5e-10, decode_fixed_s=1e-4, decode_s_per_kv_token=9e-9,
+                                        overhead_s=2e-4)
 MIX = (("chat", workloads.CHAT, 0.8), ("docs", workloads.LONG_DOC, 0.2))
 
 
@@ -30,13 +40,64 @@ def test_arrivals_and_requests_are_seeded():
         workloads.arrival_times(3, 1.0, process="uniform")
 
 
+# ---------------------------------------------------------------------------- invariants of a run
+
 def check_accounting(reqs, res):
     assert [r["id"] for r in res] == sorted(q["id"] for q in reqs)  # every request, exactly once
     by_id = {q["id"]: q for q in reqs}
     for r in res:
         q = by_id[r["id"]]
         assert r["tokens"] == q["output"]  # every token accounted for
+        assert (r["input"], r["output"], r["arrival"], r["kind"]) == (q["input"], q["output"], q["arrival"], q.get("kind", ""))
         assert 0 <= r["queue"] <= r["ttft"] <= r["e2e"] and math.isfinite(r["e2e"])
+        assert r["decode"] == pytest.approx(r["e2e"] - r["ttft"], abs=1e-9)
+        assert r["prefill"] > 0
+        if r["preemptions"] == 0:  # in prefill only between its admission and its first token
+            assert r["prefill"] <= r["ttft"] - r["queue"] + 1e-9
+        if q["output"] > 1:
+            assert r["tpot"] == pytest.approx((r["e2e"] - r["ttft"]) / (q["output"] - 1))
+            assert r["tpot"] <= r["itl_max"] + 1e-12 and r["itl_max"] <= r["e2e"] - r["ttft"] + 1e-12  # mean <= max <= sum
+        else:
+            assert math.isnan(r["tpot"]) and math.isnan(r["itl_max"])
+
+
+def check_trace(reqs, res, trace, policy):
+    """What the step trace shows must agree with the results and respect the policy's limits."""
+    for s in trace:
+        assert s["start"] < s["end"]
+        assert s["prefill"] or s["decode"]  # no empty step
+        assert not (set(s["prefill"]) & set(s["decode"]))  # a request prefills or decodes, not both
+        assert len(s["prefill"]) + len(s["decode"]) <= (policy.max_batch if policy.kind != "continuous" else policy.max_running)
+        if policy.prefill_first and s["prefill"]:
+            assert not s["decode"]
+        if policy.chunk is not None:
+            assert sum(s["prefill"].values()) <= policy.token_budget and max(s["prefill"].values(), default=0) <= policy.chunk
+        elif policy.kind == "continuous" and len(s["prefill"]) > 1:
+            assert sum(s["prefill"].values()) <= policy.token_budget
+        if policy.kv_capacity is not None:
+            assert s["kv"] <= policy.kv_capacity
+    for a, b in zip(trace, trace[1:]):
+        assert a["end"] <= b["start"]  # steps follow each other
+    assert trace[-1]["kv"] == 0  # everything finished, nothing held
+    times, prefilled, finished, preempted = defaultdict(list), Counter(), Counter(), Counter()
+    for s in trace:
+        for i in s["yielded"]:
+            times[i].append(s["end"])
+        prefilled.update(s["prefill"])
+        finished.update(s["finished"])
+        preempted.update(s["preempted"])
+    for r in res:
+        t = times[r["id"]]
+        assert len(t) == r["output"]
+        assert all(a < b for a, b in zip(t, t[1:]))  # token times move forward
+        assert t[0] == pytest.approx(r["arrival"] + r["ttft"]) and t[-1] == pytest.approx(r["arrival"] + r["e2e"])
+        if len(t) > 1:
+            assert max(b - a for a, b in zip(t, t[1:])) == r["itl_max"]
+        assert finished[r["id"]] == 1 and preempted[r["id"]] == r["preemptions"]
+        if r["preemptions"] == 0:
+            assert prefilled[r["id"]] == r["input"]  # each prompt token prefilled once
+        else:  # and again after a pre-emption, with what it had generated
+            assert prefilled[r["id"]] >= r["input"]
 
 
 POLICIES = [
@@ -57,22 +118,76 @@ POLICIES = [
 @pytest.mark.parametrize("policy", POLICIES, ids=lambda p: f"{p.kind}-{p.chunk}-{p.kv_capacity}-{len(p.buckets)}-{p.max_wait}")
 def test_every_request_finishes_once_and_runs_are_reproducible(policy):
     reqs = workloads.requests(300, 4.0, mix=MIX, seed=7)
-    res = serving.simulate(reqs, COST, policy)
+    trace = []
+    res = serving.simulate(reqs, COST, policy, trace=trace)
     check_accounting(reqs, res)
+    check_trace(reqs, res, trace, policy)
     assert serving.simulate(reqs, COST, policy) == res  # same input, same output, bit for bit
 
 
-@settings(max_examples=60, deadline=None)
+@st.composite
+def policies(draw):
+    kind = draw(st.sampled_from(["static", "dynamic", "continuous"]))
+    kw = {"max_batch": draw(st.integers(1, 6)), "max_running": draw(st.integers(1, 8)),
+          "token_budget": draw(st.integers(1, 200)), "max_wait": draw(st.sampled_from([0.0, 0.001, 0.05])),
+          "prefill_first": draw(st.booleans()), "kv_capacity": draw(st.one_of(st.none(), st.integers(80, 300)))}
+    if kind == "continuous":
+        kw["chunk"] = draw(st.one_of(st.none(), st.integers(1, 64)))
+        if draw(st.booleans()):
+            kw["buckets"] = (serving.Bucket("short", 16, priority=draw(st.integers(0, 1)),
+                                            max_wait=draw(st.sampled_from([None, 0.0, 0.01]))),
+                             serving.Bucket("long", 10**6, priority=draw(st.integers(0, 1)),
+                                            max_running=draw(st.one_of(st.none(), st.integers(1, 3)))))
+    return serving.Policy(kind, **kw)
+
+
+@st.composite
+def small_workloads(draw):
+    n = draw(st.integers(1, 12))
+    gaps = draw(st.lists(st.sampled_from([0.0, 0.0005, 0.003, 0.02, 0.5]), min_size=n, max_size=n))
+    t, reqs = 0.0, []
+    for i, g in enumerate(gaps):
+        t += g
+        reqs.append({"id": 100 - i, "arrival": t, "kind": draw(st.sampled_from(["a", "b"])),
+                     "input": draw(st.integers(1, 60)), "output": draw(st.integers(1, 20))})
+    return reqs
+
+
+SMALL_COST = serving.MeasuredCostModel.fitted([1, 64], [1e-3, 2e-3], prefill_s_per_work=1e-6, decode_fixed_s=1e-4,
+                                              decode_s_per_kv_token=1e-6, overhead_s=1e-4)
+
+
+@settings(max_examples=150, deadline=None)
+@given(reqs=small_workloads(), policy=policies(), seed=st.integers(0, 1000))
+def test_small_random_workloads_and_policies(reqs, policy, seed):
+    """Every request finishes once with all its tokens; token times increase; TTFT <= E2E; the step trace
+    agrees with the results and with the policy's limits; the order the requests are given in does not
+    matter; the run is deterministic."""
+    trace = []
+    res = serving.simulate(reqs, SMALL_COST, policy, trace=trace)
+    check_accounting(reqs, res)
+    check_trace(reqs, res, trace, policy)
+    shuffled = list(reqs)
+    random.Random(seed).shuffle(shuffled)
+    assert serving.simulate(shuffled, SMALL_COST, policy) == res
+
+
+@settings(max_examples=30, deadline=None)
 @given(n=st.integers(1, 40), rate=st.floats(0.5, 50), seed=st.integers(0, 10**6), which=st.integers(0, len(POLICIES) - 1))
 def test_random_workloads_and_policies(n, rate, seed, which):
     reqs = workloads.requests(n, rate, mix=MIX, seed=seed)
     check_accounting(reqs, serving.simulate(reqs, COST, POLICIES[which]))
 
 
+# ---------------------------------------------------------------------------- what the policies do, at scale
+
 def test_preemption_recomputes_and_still_finishes():
     reqs = workloads.requests(200, 20.0, mix=MIX, seed=2)
-    res = serving.simulate(reqs, COST, serving.Policy("continuous", token_budget=8192, chunk=1024, kv_capacity=40000))
+    policy = serving.Policy("continuous", token_budget=8192, chunk=1024, kv_capacity=40000)
+    trace = []
+    res = serving.simulate(reqs, COST, policy, trace=trace)
     check_accounting(reqs, res)
+    check_trace(reqs, res, trace, policy)
     assert sum(r["preemptions"] for r in res) > 0
 
 
@@ -84,44 +199,6 @@ def test_chunked_prefill_shortens_short_requests_wait_behind_long_ones():
     assert chunked["ttft_p95"] < whole["ttft_p95"]
 
 
-def test_bad_configuration_and_requests_are_rejected():
-    reqs = workloads.requests(5, 1.0, seed=0)
-    with pytest.raises(ValueError, match="kind must be"):
-        serving.simulate(reqs, COST, serving.Policy("greedy"))
-    with pytest.raises(ValueError, match="buckets need"):
-        serving.simulate(reqs, COST, serving.Policy("static", buckets=(serving.Bucket("a", 10),)))
-    with pytest.raises(ValueError, match="increasing max_input"):
-        serving.simulate(reqs, COST, serving.Policy(buckets=(serving.Bucket("a", 10), serving.Bucket("b", 5))))
-    with pytest.raises(ValueError, match="more than the capacity"):
-        serving.simulate(reqs, COST, serving.Policy(kv_capacity=10))
-    with pytest.raises(ValueError, match="at least 1 token"):
-        serving.simulate([{"id": 0, "arrival": 0.0, "input": 0, "output": 3}], COST, serving.Policy())
-
-
-def test_percentiles_and_summary():
-    assert serving.percentile([1, 2, 3, 4], 50) == 2.5 and serving.percentile([5], 99) == 5
-    assert math.isnan(serving.percentile([], 50))
-    reqs = workloads.requests(100, 2.0, mix=MIX, seed=1)
-    s = serving.summary(serving.simulate(reqs, COST, serving.Policy()))
-    assert s["requests"] == 100 and s["ttft_p50"] <= s["ttft_p95"] <= s["ttft_p99"] and s["tokens_per_s"] > 0
-
-
-def test_measured_cost_model_interpolates_and_fits():
-    a, b = fit.fit_line([0, 1, 2, 3], [1, 3, 5, 7])
-    assert (a, b) == (1.0, 2.0)
-    with pytest.raises(ValueError):
-        fit.fit_line([1], [1])
-    m = serving.MeasuredCostModel(m_points=(1, 100), linear_s=(1e-3, 1e-1), layers=2, attn_fixed_s=1e-5,
-                                  attn_BW_Bps=1e12, attn_flops_per_token_ctx=100.0, P_flops=1e12, kv_bytes_per_token=2e3)
-    assert m.linear(1) == 1e-3 and m.linear(100) == pytest.approx(1e-1)
-    assert m.linear(10) == pytest.approx(1e-2)  # log-log between the points
-    assert m.linear(200) == pytest.approx(2e-1)  # beyond the table: linear in M
-    assert m.step(0, 0, 0) == 0.0
-    assert m.step(1, 0, 1000) == pytest.approx(1e-3 + 2 * (1e-5 + 1e3 * 1000 / 1e12))
-    reqs = workloads.requests(50, 2.0, mix=MIX, seed=0)
-    check_accounting(reqs, serving.simulate(reqs, m, serving.Policy()))
-
-
 def test_prefill_first_makes_running_requests_wait():
     """With prefill pre-empting decode, steps that prefill run no decode: decode gaps grow."""
     reqs = workloads.requests(300, 6.0, mix=MIX, seed=9)
@@ -131,43 +208,101 @@ def test_prefill_first_makes_running_requests_wait():
     assert serving.percentile([r["itl_max"] for r in first], 95) > serving.percentile([r["itl_max"] for r in mixed], 95)
 
 
-def test_fitted_cost_model_adds_its_terms():
-    cm = serving.MeasuredCostModel.fitted([1, 100, 1000], [1e-3, 1e-3, 5e-3], prefill_s_per_work=1e-9,
-                                          decode_fixed_s=2e-4, decode_s_per_kv_token=1e-8)
-    assert cm.step(100, 0.0, 0) == pytest.approx(1e-3)
-    assert cm.step(1000, 1000 * 500.0, 0) == pytest.approx(5e-3 + 5e-4)
-    assert cm.step(10, 0.0, 10_000) == pytest.approx(1e-3 + 2e-4 + 1e-4)
-    with pytest.raises(ValueError, match="increasing"):
-        serving.MeasuredCostModel.fitted([100, 1], [1, 1], 0, 0, 1)
+class Microsecond:
+    def step(self, tokens, prefill_ctx_work, decode_kv_tokens):
+        return 1e-6
 
 
 def test_a_batching_window_holds_prompts_until_it_closes_or_fills():
-    cost = serving.CostModel(0.0, 1.0, 1.0, 1e12, 1e12, 0.0, 0.0)  # steps of 1 us
     reqs = [{"id": 0, "arrival": 0.0, "kind": "a", "input": 10, "output": 2},
             {"id": 1, "arrival": 0.001, "kind": "a", "input": 10, "output": 2},
             {"id": 2, "arrival": 1.0, "kind": "a", "input": 10, "output": 2}]
-    held = serving.simulate(reqs, cost, serving.Policy("continuous", max_wait=0.05, token_budget=1000))
+    held = serving.simulate(reqs, Microsecond(), serving.Policy("continuous", max_wait=0.05, token_budget=1000))
     assert held[0]["queue"] == pytest.approx(0.05) and held[1]["queue"] == pytest.approx(0.049)
     assert held[2]["queue"] == 0.0  # the last arrival: nothing more to wait for
-    full = serving.simulate(reqs, cost, serving.Policy("continuous", max_wait=0.05, token_budget=20))
+    full = serving.simulate(reqs, Microsecond(), serving.Policy("continuous", max_wait=0.05, token_budget=20))
     assert full[0]["queue"] == pytest.approx(0.001)  # two prompts fill the budget: the window closes early
     short = serving.Bucket("short", 10, 0, None, 0.0)
     long_ = serving.Bucket("long", 10**6, 1)
-    split = serving.simulate(reqs, cost, serving.Policy("continuous", max_wait=0.05, buckets=(short, long_)))
+    split = serving.simulate(reqs, Microsecond(), serving.Policy("continuous", max_wait=0.05, buckets=(short, long_)))
     assert split[0]["queue"] == 0.0  # the short bucket has no window
-    with pytest.raises(ValueError, match="max_wait"):
-        serving.Policy("continuous", buckets=(serving.Bucket("x", 5, 0, None, -1.0),)).check()
+    own = serving.simulate(reqs, Microsecond(), serving.Policy("continuous", buckets=(serving.Bucket("w", 10, max_wait=0.02),)))
+    assert own[0]["queue"] == pytest.approx(0.02)  # a bucket's own window, the policy having none
+    unused = serving.simulate(reqs, Microsecond(), serving.Policy("static", max_batch=1, max_wait=0.05))
+    assert unused[0]["queue"] == 0.0  # static batching has no window: max_wait is not used
 
 
-def test_goodput_counts_only_requests_within_their_slos():
-    res = [{"kind": "a", "arrival": 0.0, "e2e": 2.0, "ttft": 0.1, "tpot": 0.01, "tokens": 100},
-           {"kind": "a", "arrival": 0.0, "e2e": 2.0, "ttft": 0.5, "tpot": 0.01, "tokens": 50},
-           {"kind": "b", "arrival": 1.0, "e2e": 1.0, "ttft": 0.1, "tpot": 0.05, "tokens": 30},
-           {"kind": "b", "arrival": 1.0, "e2e": 1.0, "ttft": 0.1, "tpot": math.nan, "tokens": 1}]
-    assert serving.goodput(res, 0.2, 0.02) == pytest.approx(101 / 2.0)
-    assert serving.goodput(res, 1.0, 1.0, kind="a") == pytest.approx(150 / 2.0)
-    with pytest.raises(ValueError, match="positive"):
-        serving.goodput(res, 0.0, 0.02)
+def test_dynamic_batch_starts_when_full_before_its_deadline():
+    reqs = [{"id": i, "arrival": 0.001 * i, "input": 4, "output": 1} for i in range(3)]
+    res = serving.simulate(reqs, Microsecond(), serving.Policy("dynamic", max_batch=2, max_wait=1.0))
+    assert [r["queue"] for r in res] == pytest.approx([0.001, 0.0, 0.0])  # 0, 1 at 1 ms; 2 is the last arrival
+
+
+def test_the_last_bucket_takes_prompts_longer_than_every_max_input():
+    reqs = [{"id": 0, "arrival": 0.0, "input": 30, "output": 1}, {"id": 1, "arrival": 0.0, "input": 10, "output": 1},
+            {"id": 2, "arrival": 0.0, "input": 11, "output": 1}]
+    res = serving.simulate(reqs, Microsecond(), serving.Policy(buckets=(serving.Bucket("a", 10), serving.Bucket("b", 20))))
+    assert [r["bucket"] for r in res] == ["b", "a", "b"] and [r["kind"] for r in res] == ["", "", ""]
+
+
+# ---------------------------------------------------------------------------- bad input
+
+def test_bad_configuration_and_requests_are_rejected():
+    reqs = workloads.requests(5, 1.0, seed=0)
+    with pytest.raises(ValueError, match=r"^kind must be 'static', 'dynamic' or 'continuous', got 'greedy'$"):
+        serving.Policy("greedy")
+    with pytest.raises(ValueError, match=r"^buckets need the continuous policy$"):
+        serving.Policy("static", buckets=(serving.Bucket("a", 10),))
+    with pytest.raises(ValueError, match=r"^chunk \(chunked prefill\) needs the continuous policy: a static or "
+                                         r"dynamic batch prefills whole prompts$"):
+        serving.Policy("dynamic", chunk=64)
+    with pytest.raises(ValueError, match=r"^buckets must be listed by increasing max_input$"):
+        serving.Policy(buckets=(serving.Bucket("a", 10), serving.Bucket("b", 5)))
+    with pytest.raises(ValueError, match=r"^buckets must be a tuple of Bucket"):
+        serving.Policy(buckets=(("a", 10),))
+    for bad in [dict(max_batch=0), dict(max_running=0), dict(token_budget=0), dict(token_budget=2.5),
+                dict(max_running=True)]:
+        with pytest.raises(ValueError, match=r"^max_batch, max_running and token_budget must be whole numbers >= 1 "
+                                             r"and max_wait >= 0 s; got " + re.escape(f"{bad}") + "$"):
+            serving.Policy(**bad)
+    for wait in (-0.1, math.nan, "1"):
+        with pytest.raises(ValueError, match=r"max_wait >= 0 s; got \{'max_wait'"):
+            serving.Policy(max_wait=wait)
+    for chunk in (0, 1.5):
+        with pytest.raises(ValueError, match=r"^chunk must be >= 1 tokens or None, got"):
+            serving.Policy(chunk=chunk)
+    for cap in (0, 10.5):
+        with pytest.raises(ValueError, match=r"^kv_capacity must be a positive number of tokens or None, got"):
+            serving.Policy(kv_capacity=cap)
+    serving.Policy(kv_capacity=1, chunk=1, max_batch=1, max_running=1, token_budget=1, max_wait=0)  # the smallest allowed
+    serving.Policy(max_wait=np.float64(0.5), token_budget=np.int64(64))
+    with pytest.raises(ValueError, match=r"more than the capacity 10: raise kv_capacity or drop the request$"):
+        serving.simulate(reqs, COST, serving.Policy(kv_capacity=10))
+    with pytest.raises(ValueError, match=r"^request 0 needs 11 tokens of KV, more than the capacity 10: raise "
+                                         r"kv_capacity or drop the request$"):
+        serving.simulate([{"id": 0, "arrival": 0.0, "input": 6, "output": 5}], COST, serving.Policy(kv_capacity=10))
+    exact = [{"id": 0, "arrival": 0.0, "input": 6, "output": 4}]
+    assert serving.simulate(exact, COST, serving.Policy(kv_capacity=10))[0]["preemptions"] == 0  # exactly fits
+    for r in ({"id": 0, "arrival": 0.0, "input": 0, "output": 3}, {"id": 0, "arrival": 0.0, "input": 3, "output": 0}):
+        with pytest.raises(ValueError, match=r"^request 0: input and output must be at least 1 token$"):
+            serving.simulate([r], COST, serving.Policy())
+    serving.simulate([{"id": 0, "arrival": 0.0, "input": 1, "output": 1}], COST, serving.Policy())
+    for t in (-1.0, math.inf):
+        with pytest.raises(ValueError, match=r"^request 7: arrival .* must be a finite time >= 0 \(seconds\); a NaN"):
+            serving.simulate([{"id": 7, "arrival": t, "input": 3, "output": 3}], COST, serving.Policy())
+    twice = [{"id": 3, "arrival": 0.0, "input": 3, "output": 3}] * 2
+    with pytest.raises(ValueError, match=r"^request ids must be unique: each result is reported under its request's id$"):
+        serving.simulate(twice, COST, serving.Policy())
+
+
+def test_bad_buckets_are_rejected():
+    for kw, msg in [(dict(max_input=0), "max_input must be a whole number of tokens >= 1"),
+                    (dict(max_input=2.5), "max_input must be a whole number of tokens >= 1"),
+                    (dict(max_input=10, max_running=0), "max_running must be at least 1 \\(or None for no cap\\)"),
+                    (dict(max_input=10, max_wait=-1.0), "max_wait must be >= 0 s \\(or None for the policy's\\)")]:
+        with pytest.raises(ValueError, match=rf"^bucket 'x': {msg}, got"):
+            serving.Bucket("x", **kw)
+    serving.Bucket("x", 1, max_running=1, max_wait=0.0)  # the smallest allowed
 
 
 def test_bad_costs_and_times_are_rejected_not_simulated():
@@ -177,21 +312,159 @@ def test_bad_costs_and_times_are_rejected_not_simulated():
         workloads.arrival_times(3, float("nan"))
     with pytest.raises(ValueError, match="finite rate"):
         workloads.arrival_times(3, math.inf)
-    ok = serving.MeasuredCostModel.fitted([1, 64], [1e-3, 2e-3], prefill_s_per_work=1e-9, decode_fixed_s=0.0,
-                                          decode_s_per_kv_token=0.0)
-    assert ok.step(4, 0.0, 100) == pytest.approx(ok.linear(4))  # no cost per KV token: none added
-    for bad in [dict(prefill_s_per_work=-1e-9), dict(decode_s_per_kv_token=float("nan")), dict(decode_fixed_s=-1.0)]:
-        kw = dict(prefill_s_per_work=1e-9, decode_fixed_s=0.0, decode_s_per_kv_token=1e-9) | bad
-        with pytest.raises(ValueError, match="finite and >= 0"):
-            serving.MeasuredCostModel.fitted([1, 64], [1e-3, 2e-3], **kw)
     reqs = [{"id": 0, "arrival": float("nan"), "input": 8, "output": 2}]
     with pytest.raises(ValueError, match="arrival"):
-        serving.simulate(reqs, ok, serving.Policy())
+        serving.simulate(reqs, COST, serving.Policy())
 
-    class Broken(serving.MeasuredCostModel):
+    class Broken:
+        def __init__(self, value):
+            self.value = value
+
         def step(self, tokens, prefill_ctx_work, decode_kv_tokens):
-            return 0.0
+            return self.value
 
-    zero = Broken(**{f: getattr(ok, f) for f in ok.__dataclass_fields__})
-    with pytest.raises(ValueError, match="positive, finite time"):
-        serving.simulate([{"id": 0, "arrival": 0.0, "input": 8, "output": 2}], zero, serving.Policy())
+    for value in (0.0, -1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match=rf"^the cost model gives {value!r} s for a step of 8 prefill and 0 decode "
+                                             r"tokens \(0 of KV\): a step must take a positive, finite time; check"):
+            serving.simulate([{"id": 0, "arrival": 0.0, "input": 8, "output": 2}], Broken(value), serving.Policy())
+
+
+def test_a_stuck_engine_fails_loudly_instead_of_spinning(monkeypatch):
+    """If the engine ever stops moving (here: a wake-up that does not move the clock), the run raises.
+    Loop turns: 1 queues request 0; 2 to 5 change nothing (the 4th unchanged turn in a row, turn 6,
+    raises before waking): five wake-ups. The patched wake-up gives up after 100 (a guard that never fires
+    must fail this test, not hang it)."""
+    calls = []
+
+    def stuck(self):
+        calls.append(self.now)
+        assert len(calls) < 100, "the no-progress guard did not fire"
+        return self.now
+
+    monkeypatch.setattr(simulate_module._Engine, "wake_time", stuck)
+    reqs = [{"id": 0, "arrival": 0.0, "input": 4, "output": 1}, {"id": 1, "arrival": 1.0, "input": 4, "output": 1}]
+    with pytest.raises(RuntimeError, match=r"^the simulation made no progress at t=0.000000 s with 0 running and 1 queued$"):
+        serving.simulate(reqs, Microsecond(), serving.Policy("static", max_batch=2))
+    assert len(calls) == 5 and simulate_module.STALL_LIMIT == 3
+
+
+def test_an_empty_step_is_an_error_not_a_tick(monkeypatch):
+    """A step that plans nothing would move the clock without end under a cost model that charges for an
+    empty step: the engine refuses it."""
+    plans = []
+
+    def empty(self):
+        plans.append(self.now)
+        assert len(plans) < 100, "the empty step was not refused"
+        return simulate_module._Step()
+
+    monkeypatch.setattr(simulate_module._Engine, "plan", empty)
+    with pytest.raises(RuntimeError, match=r"^an empty step at t=0.000000 s with 1 running: the engine planned no "
+                                           r"prefill and no decode$"):
+        serving.simulate([{"id": 0, "arrival": 0.0, "input": 4, "output": 1}], Microsecond(), serving.Policy())
+
+
+def test_a_policy_that_admits_nobody_when_no_more_will_arrive_is_an_error(monkeypatch):
+    monkeypatch.setattr(simulate_module._Engine, "admit_continuous", lambda self: [])
+    with pytest.raises(RuntimeError, match=r"^requests are queued but the policy can admit none of them: check the "
+                                           r"bucket limits and the KV capacity$"):
+        serving.simulate([{"id": 0, "arrival": 0.0, "input": 4, "output": 1}], Microsecond(), serving.Policy())
+
+
+# ---------------------------------------------------------------------------- metrics
+
+def test_percentiles_by_hand():
+    xs = [50.0, 10.0, math.nan, 40.0, 20.0, 30.0]  # sorted 10 .. 50 without the NaN: ranks 0 .. 4
+    assert serving.percentile(xs, 0) == 10.0 and serving.percentile(xs, 100) == 50.0
+    assert serving.percentile(xs, 50) == 30.0
+    assert serving.percentile(xs, 95) == pytest.approx(48.0)  # rank 3.8: 40 + 0.8 x 10
+    assert serving.percentile(xs, 99) == pytest.approx(49.6)  # rank 3.96
+    assert serving.percentile(xs, 10) == pytest.approx(14.0)  # rank 0.4
+    assert serving.percentile([1, 2, 3, 4], 50) == 2.5 and serving.percentile([5], 99) == 5
+    assert math.isnan(serving.percentile([], 50)) and math.isnan(serving.percentile([math.nan], 50))
+    for p in (-1, 100.5, math.nan):
+        with pytest.raises(ValueError, match=r"^p must be a percentile between 0 and 100, got"):
+            serving.percentile(xs, p)
+
+
+@settings(max_examples=200, deadline=None)
+@given(xs=st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=30), p=st.floats(0, 100))
+def test_percentile_agrees_with_numpy(xs, p):
+    assert serving.percentile(xs, p) == pytest.approx(float(np.percentile(xs, p)), rel=1e-9, abs=1e-6)
+
+
+def test_summary_covers_every_metric():
+    reqs = workloads.requests(100, 2.0, mix=MIX, seed=1)
+    res = serving.simulate(reqs, COST, serving.Policy())
+    s = serving.summary(res)
+    assert list(s) == ["requests", "tokens_per_s"] + [f"{m}_p{p}" for m in ("ttft", "tpot", "e2e", "queue") for p in (50, 95, 99)]
+    assert s["requests"] == 100 and s["ttft_p50"] <= s["ttft_p95"] <= s["ttft_p99"]
+    span = max(r["arrival"] + r["e2e"] for r in res) - min(r["arrival"] for r in res)
+    assert s["tokens_per_s"] == pytest.approx(sum(r["output"] for r in reqs) / span)
+    assert s["e2e_p50"] == serving.percentile([r["e2e"] for r in res], 50)
+    assert serving.summary([]) == {}
+
+
+def test_goodput_counts_only_requests_within_their_slos():
+    res = [{"kind": "a", "arrival": 0.0, "e2e": 2.0, "ttft": 0.1, "tpot": 0.01, "tokens": 100},
+           {"kind": "a", "arrival": 0.0, "e2e": 2.0, "ttft": 0.5, "tpot": 0.01, "tokens": 50},
+           {"kind": "b", "arrival": 1.0, "e2e": 1.0, "ttft": 0.1, "tpot": 0.05, "tokens": 30},
+           {"kind": "b", "arrival": 1.0, "e2e": 1.0, "ttft": 0.1, "tpot": math.nan, "tokens": 1}]
+    assert serving.goodput(res, 0.2, 0.02) == pytest.approx(101 / 2.0)
+    assert serving.goodput(res, 1.0, 1.0, kind="a") == pytest.approx(150 / 2.0)
+    assert serving.goodput(res, 0.5, 0.05) == pytest.approx(181 / 2.0)  # both limits inclusive
+    assert math.isnan(serving.goodput([], 1.0, 1.0))
+    short = [{"kind": "a", "arrival": 0.0, "e2e": 0.5, "ttft": 0.1, "tpot": 0.01, "queue": 0.0, "tokens": 10}]
+    assert serving.goodput(short, 1.0, 1.0) == 20.0 and serving.summary(short)["tokens_per_s"] == 20.0  # a span < 1 s
+    instant = [{"kind": "a", "arrival": 1.0, "e2e": 0.0, "ttft": 0.0, "tpot": math.nan, "queue": 0.0, "tokens": 1}]
+    assert math.isnan(serving.goodput(instant, 1.0, 1.0)) and math.isnan(serving.summary(instant)["tokens_per_s"])
+    for slos in [(0.0, 0.02), (0.2, 0.0), (math.nan, 0.02)]:
+        with pytest.raises(ValueError, match=r"^SLOs must be positive seconds, got TTFT"):
+            serving.goodput(res, *slos)
+
+
+# ---------------------------------------------------------------------------- the cost model
+
+def test_cost_model_interpolates_log_log():
+    m = serving.MeasuredCostModel((10, 100, 1000), (1e-3, 1e-2, 2e-2), prefill_s_per_work=0.0, decode_fixed_s=0.0,
+                                  decode_s_per_kv_token=0.0)
+    assert m.linear(10) == 1e-3 and m.linear(1) == 1e-3 and m.linear(100) == pytest.approx(1e-2)
+    assert m.linear(50) == pytest.approx(5e-3)  # 10 .. 100: t grows as M (slope 1 on log-log axes)
+    assert m.linear(1000 ** 0.5 * 10) == pytest.approx(2 ** 0.5 * 1e-2)  # halfway in log M: halfway in log t
+    assert m.linear(1000) == pytest.approx(2e-2) and m.linear(2000) == pytest.approx(4e-2)  # beyond: linear in M
+    assert m.step(0, 0, 0) == 0.0 and m.step(-3, 5.0, 7) == 0.0  # an empty step costs nothing
+
+
+def test_cost_model_adds_its_terms_by_hand():
+    """step = overhead + linear(M) + prefill_s_per_work W + [K > 0] (decode_fixed + decode_s_per_kv_token K)."""
+    cm = serving.MeasuredCostModel.fitted([10, 100, 1000], [1e-3, 1e-2, 2e-2], prefill_s_per_work=1e-9,
+                                          decode_fixed_s=2e-4, decode_s_per_kv_token=1e-8, overhead_s=5e-5)
+    assert (cm.m_points, cm.linear_s) == ((10, 100, 1000), (1e-3, 1e-2, 2e-2))
+    assert (cm.prefill_s_per_work, cm.decode_fixed_s, cm.decode_s_per_kv_token, cm.overhead_s) == (1e-9, 2e-4, 1e-8, 5e-5)
+    assert cm.step(50, 0.0, 0) == pytest.approx(5e-5 + 5e-3)
+    assert cm.step(50, 1000.0, 0) == pytest.approx(5e-5 + 5e-3 + 1e-6)
+    assert cm.step(50, 0.0, 10_000) == pytest.approx(5e-5 + 5e-3 + 2e-4 + 1e-4)
+    assert cm.step(50, 1000.0, 10_000) == pytest.approx(5e-5 + 5e-3 + 1e-6 + 2e-4 + 1e-4)
+    lists = serving.MeasuredCostModel([1, 64], [1e-3, 2e-3], 1e-9, 0.0, 0.0)
+    assert (lists.m_points, lists.linear_s) == ((1, 64), (1e-3, 2e-3))  # kept as tuples: the model is frozen
+    no_kv = serving.MeasuredCostModel.fitted([1, 64], [1e-3, 2e-3], 1e-9, 0.0, 0.0)
+    assert no_kv.overhead_s == 0.0 and no_kv.step(4, 0.0, 100) == no_kv.linear(4)  # no cost per KV token: none added
+
+
+def test_bad_cost_models_are_rejected():
+    ok = dict(prefill_s_per_work=1e-9, decode_fixed_s=0.0, decode_s_per_kv_token=1e-9)
+    for ms, ts in [([100, 1], [1, 1]), ([1, 1], [1, 1]), ([0, 4], [1, 1]), ([-1, 4], [1, 1]), ([1, math.inf], [1, 1])]:
+        with pytest.raises(ValueError, match=r"^m_points must be positive token counts in increasing order, got"):
+            serving.MeasuredCostModel.fitted(ms, ts, **ok)
+    for ms, ts in [([1], [1.0]), ([1, 2], [1.0]), ([1, 2, 3], [1.0, 2.0])]:
+        with pytest.raises(ValueError, match=r"^need at least two m_points and one forward time for each, got"):
+            serving.MeasuredCostModel.fitted(ms, ts, **ok)
+    for ts in ([0.0, 1.0], [1.0, -1.0], [1.0, math.nan], [1.0, math.inf], [1.0, True]):
+        with pytest.raises(ValueError, match=r"^every forward time must be positive and finite \(seconds\), got"):
+            serving.MeasuredCostModel.fitted([1, 2], ts, **ok)
+    for name in ("prefill_s_per_work", "decode_fixed_s", "decode_s_per_kv_token", "overhead_s"):
+        for value in (-1e-9, math.nan, math.inf, None):
+            with pytest.raises(ValueError, match=rf"^costs must be finite and >= 0, got {{'{name}': {value!r}}}: a "
+                                                 r"negative slope fitted from timings means their noise exceeds"):
+                serving.MeasuredCostModel.fitted([1, 2], [1.0, 2.0], **(ok | {name: value}))
+    serving.MeasuredCostModel.fitted(np.array([1, 2]), np.array([1e-3, 2e-3]), 0.0, 0.0, 0.0, 0.0)  # zeros allowed

@@ -1,5 +1,15 @@
 """Serving metrics over simulated (or measured) requests: percentiles, TTFT, TPOT, E2E, tokens/s, goodput.
 
+Each request is a dict as ``lib.serving.simulate`` returns it: "arrival", "ttft", "tpot", "e2e", "queue"
+(seconds), "tokens" (output tokens) and "kind". Over a run:
+
+- ``percentile``: the p-th percentile by linear interpolation between the two nearest ranks (numpy's
+  default), NaNs left out;
+- ``summary``: the P50, P95 and P99 of TTFT, TPOT, E2E and time queued, and the output tokens per second
+  over the span of the run (first arrival to last finish, the same span for every kind);
+- ``goodput``: the output tokens per second of the requests that met both SLOs (TTFT and TPOT; a request
+  of one token has no TPOT and meets that SLO), over the same span.
+
 Chapters: 6.
 """
 
@@ -9,7 +19,10 @@ import math
 
 
 def percentile(xs, p: float) -> float:
-    """The p-th percentile (0-100) by linear interpolation, as numpy's default."""
+    """The p-th percentile (0 to 100) of ``xs``: with the n values sorted, rank k = (n - 1) p / 100, and
+    between the values at floor(k) and ceil(k) a straight line. NaN when ``xs`` has no number."""
+    if not 0 <= p <= 100:
+        raise ValueError(f"p must be a percentile between 0 and 100, got {p!r}")
     v = sorted(x for x in xs if not math.isnan(x))
     if not v:
         return math.nan
@@ -24,10 +37,13 @@ def _span(results: list[dict]) -> float:
 
 
 def goodput(results: list[dict], ttft_slo: float, tpot_slo: float, kind: str | None = None) -> float:
-    """Output tokens per second of the requests that met both SLOs (TTFT and TPOT, in seconds), over the
-    span of the whole run: the throughput that counts for users."""
-    if ttft_slo <= 0 or tpot_slo <= 0:
+    """Output tokens per second of the requests (of ``kind``, or all) that met both SLOs (TTFT and TPOT,
+    in seconds), over the span of the whole run: the throughput that counts for users. NaN for no
+    requests."""
+    if not (ttft_slo > 0 and tpot_slo > 0):
         raise ValueError(f"SLOs must be positive seconds, got TTFT {ttft_slo} and TPOT {tpot_slo}")
+    if not results:
+        return math.nan
     span = _span(results)
     good = sum(r["tokens"] for r in results if (kind is None or r["kind"] == kind) and r["ttft"] <= ttft_slo
                and (math.isnan(r["tpot"]) or r["tpot"] <= tpot_slo))
@@ -35,7 +51,8 @@ def goodput(results: list[dict], ttft_slo: float, tpot_slo: float, kind: str | N
 
 
 def summary(results: list[dict], kind: str | None = None) -> dict:
-    """TTFT, TPOT and E2E percentiles and output tokens per second, over all requests or one kind."""
+    """TTFT, TPOT, E2E and queue P50/P95/P99 (``ttft_p50`` ...) and output ``tokens_per_s``, over all
+    requests or those of one kind ({} if there are none); ``requests`` counts them."""
     rs = [r for r in results if kind is None or r["kind"] == kind]
     if not rs:
         return {}

@@ -1,36 +1,55 @@
 """A discrete-event simulator of one LLM serving engine: queues, a batching policy, a cost per step.
 
-The engine runs in steps. A step takes some new prompt tokens (prefill, possibly a chunk of a prompt)
-and one new token for each running request past its prefill (decode), and lasts what the cost model
-says. Requests arrive on their own clock and wait in a queue until the policy admits them.
+The algorithm. Requests arrive on their own clock and wait in a queue (one per bucket). The engine runs
+in steps; before each step it
 
-Policies (``Policy.kind``):
+1. moves every request that has arrived by now into its queue (``_Engine.arrive``);
+2. admits queued requests as the policy allows (``admit_batch`` for static and dynamic batching,
+   ``admit_continuous`` for continuous batching; see below);
+3. if nothing runs, jumps the clock to the next moment something can change: the next arrival or the
+   end of a batching window (``wake_time``);
+4. plans the step (``plan``): each running request either prefills (its whole prompt, or with chunked
+   prefill at most ``chunk`` tokens, within the step's ``token_budget``) or decodes one token; with
+   ``prefill_first`` a step that prefills runs no decode;
+5. asks the cost model how long the step lasts, ``cost.step(M, W, K)`` with M the step's tokens,
+   W = sum of new tokens x their mean context over the prefilled chunks, K the tokens of KV the
+   decoding requests read (their prompt and the tokens they have generated), and advances the clock by
+   it (``advance``). The step that completes a prompt's prefill yields that request's next token; a
+   decode yields one token; a request that has all its output tokens leaves;
+6. pre-empts while the KV held exceeds the capacity (``preempt``).
 
-- ``static``: wait for ``max_batch`` requests (or the last arrivals), run them to completion together;
-  arrivals in between wait for the whole batch to finish.
-- ``dynamic``: the same, but a batch also starts once its oldest request has waited ``max_wait`` s.
+The policies (``lib.serving.policy``):
+
+- ``static``: a batch starts when ``max_batch`` requests wait or every request has arrived; it runs to
+  completion, and nobody joins it meanwhile (the batch is locked).
+- ``dynamic``: the same, and a batch also starts once its oldest request has waited ``max_wait`` s.
 - ``continuous``: every step, finished requests leave and queued ones join while fewer than
-  ``max_running`` run and the step's prompt tokens stay within ``token_budget``:
-  B_{t+1} = (B_t minus F_t) plus A_t. With ``chunk`` set, a long prompt is prefilled ``chunk`` tokens per
-  step (chunked prefill) instead of in one step. With ``prefill_first``, a step that has prompt tokens to
-  prefill runs no decode: running requests wait while new ones are prefilled.
-  With ``max_wait`` > 0, a batching window: queued prompts are held back until the oldest has waited
-  ``max_wait`` s or together they fill ``token_budget``, so that prefills run in larger batches.
-- Buckets (continuous only): ``buckets`` splits the queue by prompt length, each bucket with a priority,
-  its own limit of running requests and its own window, so that long documents cannot crowd out short
-  chats.
+  ``max_running`` run and the prompt tokens admitted stay within ``token_budget`` (the first request of
+  a step is admitted whatever its size): B_{t+1} = (B_t minus F_t) plus A_t. Queues are visited by
+  priority; a bucket's ``max_running`` caps its running requests. With a batching window (``max_wait`` >
+  0, or a bucket's own), a queue is held until its oldest request has waited the window, or its prompts
+  fill ``token_budget``, or no more requests will arrive.
 
-A KV capacity (tokens) bounds what running requests may hold; a request is admitted only if its prompt
-and what it has generated fit, and when decode would overflow it, the most recently admitted request is
-pre-empted: its KV is dropped and it re-enters the queue to be prefilled again.
+KV capacity and pre-emption: a running request holds, while it prefills, the KV of the tokens prefilled
+so far; once its prompt is in, the KV of its prompt and of every token it has generated (a token counts
+from the step that yields it). Continuous batching admits a request only if the KV in use plus its
+prompt (and, after a pre-emption, what it had generated) plus one token fits ``kv_capacity``. Under any
+policy, when a step leaves more KV in use than the capacity, the most recently admitted request is
+pre-empted (ties: the higher id) until it fits: its KV is dropped and it goes back to the front of its
+queue, to prefill its prompt and its generated tokens again (recomputation, as vLLM does by default).
 
-Metrics follow serving benchmarks: TTFT (arrival to first token), TPOT = (E2E - TTFT) / (output - 1),
-inter-token latencies, E2E, output tokens per second, and goodput (tokens/s of the requests that met
-their SLOs); per request, the time queued, in prefill and in decode.
+The loop never spins: a turn that changes neither the clock nor any count, several times in a row,
+raises ``RuntimeError`` (a bug in the engine or a policy, never a workload), as does a queue that
+nothing can ever admit.
+
+Metrics, per request (times in seconds): ``ttft`` arrival to first token; ``e2e`` arrival to last token;
+``tpot`` = (e2e - ttft) / (output - 1) (NaN for one output token); ``itl_max`` the longest gap between
+two of its tokens; ``queue`` arrival to first admission; ``prefill`` the total time of the steps that
+prefilled it; ``decode`` first token to last; ``preemptions``; ``tokens`` generated.
+``lib.serving.metrics`` turns them into percentiles, tokens/s and goodput.
 
 Chapters: 6.
 """
-
 
 from __future__ import annotations
 
@@ -40,16 +59,21 @@ from dataclasses import dataclass, field
 
 from lib.serving.policy import Policy
 
+STALL_LIMIT = 3  # loop turns in a row that may change nothing: one more and the run is declared stuck
+
 
 @dataclass
-class _Req:
+class _Request:
+    """One request's state in the engine. ``target``: the tokens to prefill, its prompt plus, after a
+    pre-emption, the tokens it had generated (their KV is computed again)."""
+
     id: int
     arrival: float
     kind: str
     input: int
     output: int
-    bucket: int = 0
-    target: int = 0  # tokens to prefill: the prompt, plus what was generated before a pre-emption
+    queue: int
+    target: int = 0
     prefilled: int = 0
     generated: int = 0
     admitted: float = math.nan
@@ -60,12 +84,62 @@ class _Req:
     preemptions: int = 0
     token_times: list = field(default_factory=list)
 
+    def __post_init__(self):
+        self.target = self.input
 
-def simulate(reqs, cost, policy: Policy) -> list[dict]:
-    """Run the requests ({"id", "arrival", "kind", "input", "output"}) through the engine; one result per
-    request, in id order. Deterministic: the same input gives the same output."""
-    policy.check()
-    rs = []
+    @property
+    def kv(self) -> int:
+        """Tokens of KV it holds: while it prefills, those prefilled; then its prompt's and every token's
+        it generated."""
+        return self.prefilled if self.prefilled < self.target else self.input + self.generated
+
+    def result(self, bucket: str) -> dict:
+        """Its metrics (see the module), once it has finished."""
+        ttft = self.first_token - self.arrival
+        e2e = self.finish - self.arrival
+        gaps = [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+        return {"id": self.id, "kind": self.kind, "bucket": bucket, "input": self.input, "output": self.output,
+                "arrival": self.arrival, "ttft": ttft, "e2e": e2e,
+                "tpot": (e2e - ttft) / (self.output - 1) if self.output > 1 else math.nan,
+                "itl_max": max(gaps) if gaps else math.nan, "queue": self.first_admitted - self.arrival,
+                "prefill": self.prefill_time, "decode": self.finish - self.first_token,
+                "preemptions": self.preemptions, "tokens": self.generated}
+
+
+@dataclass
+class _Step:
+    """One engine step: its plan, (request, prompt tokens) for each prefill and the requests that decode;
+    once run, the requests that yielded a token and those that finished."""
+
+    prefills: list = field(default_factory=list)
+    decodes: list = field(default_factory=list)
+    yielded: list = field(default_factory=list)
+    finished: list = field(default_factory=list)
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Prompt tokens the step prefills."""
+        return sum(take for _, take in self.prefills)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the step runs through the model: its prompt tokens and one per decode."""
+        return self.prefill_tokens + len(self.decodes)
+
+    @property
+    def prefill_work(self) -> float:
+        """Sum of new tokens x their mean context: a chunk of m after c tokens does m (c + m / 2)."""
+        return sum((take * (x.prefilled + take / 2) for x, take in self.prefills), 0.0)
+
+    @property
+    def decode_kv(self) -> int:
+        """Tokens of KV the decodes read: each its prompt's and its generated tokens' (``_Request.kv``)."""
+        return sum(x.input + x.generated for x in self.decodes)
+
+
+def _requests(reqs, policy: Policy) -> list[_Request]:
+    """The requests ({"id", "arrival", "input", "output", "kind" (optional)}) checked and put in their queues."""
+    out = []
     for r in reqs:
         if r["input"] < 1 or r["output"] < 1:
             raise ValueError(f"request {r['id']}: input and output must be at least 1 token")
@@ -75,177 +149,250 @@ def simulate(reqs, cost, policy: Policy) -> list[dict]:
         if policy.kv_capacity is not None and r["input"] + r["output"] > policy.kv_capacity:
             raise ValueError(f"request {r['id']} needs {r['input'] + r['output']} tokens of KV, more than the "
                              f"capacity {policy.kv_capacity}: raise kv_capacity or drop the request")
-        b = 0
-        for i, bk in enumerate(policy.buckets):
-            b = i
-            if r["input"] <= bk.max_input:
-                break
-        rs.append(_Req(r["id"], float(r["arrival"]), r.get("kind", ""), int(r["input"]), int(r["output"]), b,
-                       target=int(r["input"])))
-    pending = sorted(rs, key=lambda x: (x.arrival, x.id))
-    nb = max(1, len(policy.buckets))
-    queues = [deque() for _ in range(nb)]
-    order = sorted(range(nb), key=lambda i: (policy.buckets[i].priority if policy.buckets else 0, i))
-    running: list[_Req] = []
-    now, nxt, done = 0.0, 0, 0
-    batch_locked = False  # static/dynamic: a batch is running and admits nobody
+        out.append(_Request(r["id"], float(r["arrival"]), r.get("kind", ""), int(r["input"]), int(r["output"]),
+                            policy.bucket_of(int(r["input"]))))
+    if len({x.id for x in out}) != len(out):
+        raise ValueError("request ids must be unique: each result is reported under its request's id")
+    return out
 
-    def arrive(until):
-        nonlocal nxt
-        while nxt < len(pending) and pending[nxt].arrival <= until:
-            q = pending[nxt]
-            queues[q.bucket].append(q)
-            nxt += 1
 
-    def kv_used():
-        return sum(x.prefilled + x.generated for x in running)
+class _Engine:
+    """The engine's state (clock, queues, running requests) and the moves of the algorithm in the module."""
 
-    def window(bi):
-        w = policy.buckets[bi].max_wait if policy.buckets else None
-        return policy.max_wait if w is None else w
+    def __init__(self, requests: list[_Request], cost, policy: Policy, trace: list | None):
+        self.cost, self.policy, self.trace = cost, policy, trace
+        self.requests = requests
+        self.pending = sorted(requests, key=lambda x: (x.arrival, x.id))  # in order of arrival
+        self.arrived = 0  # how many of ``pending`` are in a queue (or beyond)
+        self.queues = [deque() for _ in range(policy.queue_count)]
+        self.running: list[_Request] = []
+        self.now = 0.0
+        self.done = 0
+        self.kv_in_use = 0  # tokens of KV the running requests hold: the sum of their ``kv``
+        self._last_state, self._stalls = None, 0
 
-    def held(bi):
-        """Continuous batching with a window: the bucket's queue waits to fill (deadline, or None if not held)."""
-        q = queues[bi]
-        if policy.kind != "continuous" or not q or window(bi) <= 0 or nxt >= len(pending):
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> list[dict]:
+        while self.done < len(self.requests):
+            self.check_progress()
+            self.arrive()
+            if not self.running and not self.queued:  # idle: jump to the next arrival
+                self.now = max(self.now, self.pending[self.arrived].arrival)
+                continue
+            admitted = self.admit_batch() if self.policy.kind in ("static", "dynamic") else self.admit_continuous()
+            for x in admitted:
+                x.admitted = self.now
+                if math.isnan(x.first_admitted):
+                    x.first_admitted = self.now
+            self.running.extend(admitted)
+            if not self.running:
+                self.now = max(self.now, self.wake_time())
+                continue
+            start = self.now
+            step = self.plan()
+            self.advance(step)
+            preempted = self.preempt()
+            if self.trace is not None:
+                self.trace.append({"start": start, "end": self.now,
+                                   "prefill": {x.id: take for x, take in step.prefills},
+                                   "decode": [x.id for x in step.decodes], "yielded": [x.id for x in step.yielded],
+                                   "finished": [x.id for x in step.finished], "preempted": [x.id for x in preempted],
+                                   "kv": self.kv_in_use})
+        return [x.result(self.policy.bucket_name(x.queue)) for x in sorted(self.requests, key=lambda y: y.id)]
+
+    def check_progress(self) -> None:
+        """Fail loudly, never spin: a loop turn that changes neither the clock nor any request's state,
+        several times in a row, is a bug (in the policy's logic or the cost model), not a workload."""
+        state = (self.now, self.done, self.arrived, len(self.running), self.kv_in_use)
+        self._stalls = self._stalls + 1 if state == self._last_state else 0
+        if self._stalls > STALL_LIMIT:
+            raise RuntimeError(f"the simulation made no progress at t={self.now:.6f} s with {len(self.running)} "
+                               f"running and {self.queued} queued")
+        self._last_state = state
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting in the queues."""
+        return sum(len(q) for q in self.queues)
+
+    @property
+    def all_arrived(self) -> bool:
+        """Every request has reached a queue: no arrival is left to wait for."""
+        return self.arrived >= len(self.pending)
+
+    def arrive(self) -> None:
+        """Queue every request that has arrived by now, in order of arrival."""
+        while not self.all_arrived and self.pending[self.arrived].arrival <= self.now:
+            x = self.pending[self.arrived]
+            self.queues[x.queue].append(x)
+            self.arrived += 1
+
+    # ------------------------------------------------------------------ admission
+
+    def batch_deadline(self) -> float:
+        """Dynamic batching: when the oldest queued request has waited ``max_wait``."""
+        return self.queues[0][0].arrival + self.policy.max_wait
+
+    def admit_batch(self) -> list[_Request]:
+        """Static and dynamic batching: a running batch is locked (nobody joins it until all of it has
+        finished); when none runs, start one of up to ``max_batch`` requests if that many wait, or every
+        request has arrived, or (dynamic) the oldest has waited ``max_wait``."""
+        q = self.queues[0]
+        if self.running or not q:
+            return []
+        ready = len(q) >= self.policy.max_batch or self.all_arrived
+        if not ready and not (self.policy.kind == "dynamic" and self.now >= self.batch_deadline()):
+            return []
+        return [q.popleft() for _ in range(min(len(q), self.policy.max_batch))]
+
+    def held(self, queue: int) -> float | None:
+        """Continuous batching with a window: the time the queue's window closes if the queue is held now,
+        else None. A queue is held while its oldest request has waited less than the window, its prompts
+        fill less than ``token_budget`` and more requests will arrive (a window of 0 s never holds: the
+        oldest has always waited that long)."""
+        q = self.queues[queue]
+        if not q or self.all_arrived:
             return None
-        deadline = q[0].arrival + window(bi)
-        if now >= deadline or sum(x.target for x in q) >= policy.token_budget:
+        deadline = q[0].arrival + self.policy.window(queue)
+        if self.now >= deadline or sum(x.target for x in q) >= self.policy.token_budget:
             return None
         return deadline
 
-    last_state, stalls = None, 0
-    while done < len(rs):
-        state = (now, done, nxt, len(running), sum(x.prefilled + x.generated for x in running))
-        stalls = stalls + 1 if state == last_state else 0
-        if stalls > 3:  # a bug, not a workload: fail loudly instead of spinning
-            raise RuntimeError(f"the simulation made no progress at t={now:.6f} s with {len(running)} running and "
-                               f"{sum(len(q) for q in queues)} queued")
-        last_state = state
-        arrive(now)
-        queued = sum(len(q) for q in queues)
-        if not running and not queued:  # idle: jump to the next arrival
-            now = max(now, pending[nxt].arrival)
-            continue
+    def admit_continuous(self) -> list[_Request]:
+        """Continuous batching: from each queue in priority order (skipping held ones), admit from the front
+        while fewer than ``max_running`` run, the bucket's cap allows, the prompt tokens fit what is left
+        of ``token_budget`` (the step's first admission always fits; with chunking a prompt needs only its
+        first chunk) and its KV plus one token fits the capacity."""
+        p = self.policy
+        budget, kv = p.token_budget, self.kv_in_use
+        per_queue = [0] * p.queue_count
+        for x in self.running:
+            per_queue[x.queue] += 1
         admitted = []
-        if policy.kind in ("static", "dynamic"):
-            if not running:
-                batch_locked = False
-            if not batch_locked and queued:
-                q = queues[0]
-                deadline = q[0].arrival + policy.max_wait  # compared as computed below: no rounding gap
-                full = len(q) >= policy.max_batch
-                last = nxt >= len(pending)
-                if full or last or (policy.kind == "dynamic" and now >= deadline):
-                    while q and len(admitted) < policy.max_batch:
-                        admitted.append(q.popleft())
-                    batch_locked = True
-                elif not running:  # wait for the batch to fill, or for the oldest to time out
-                    wake = pending[nxt].arrival
-                    if policy.kind == "dynamic":
-                        wake = min(wake, deadline)
-                    now = max(now, wake)
-                    continue
+        for qi in p.admission_order():
+            q, cap = self.queues[qi], p.running_cap(qi)
+            if self.held(qi) is not None:
+                continue
+            while q and len(self.running) + len(admitted) < p.max_running:
+                x = q[0]
+                if cap is not None and per_queue[qi] >= cap:
+                    break
+                need = x.target if p.chunk is None else min(x.target, p.chunk)
+                if admitted and need > budget:
+                    break
+                if p.kv_capacity is not None and kv + x.target + 1 > p.kv_capacity:
+                    break
+                admitted.append(q.popleft())
+                per_queue[qi] += 1
+                budget -= need
+                kv += x.target
+        return admitted
+
+    def wake_time(self) -> float:
+        """Nothing runs: the next moment that can change that, the next arrival or a window's end."""
+        if self.all_arrived:
+            raise RuntimeError("requests are queued but the policy can admit none of them: check the bucket "
+                               "limits and the KV capacity")
+        if self.policy.kind == "continuous":
+            deadlines = [d for d in map(self.held, range(self.policy.queue_count)) if d is not None]
+        elif self.policy.kind == "dynamic":
+            deadlines = [self.batch_deadline()]
         else:
-            budget = policy.token_budget
-            used = kv_used()
-            per_bucket = [0] * nb
-            for x in running:
-                per_bucket[x.bucket] += 1
-            for bi in order:
-                q = queues[bi]
-                cap = policy.buckets[bi].max_running if policy.buckets else None
-                if held(bi):
-                    continue
-                while q and len(running) + len(admitted) < policy.max_running:
-                    x = q[0]
-                    if cap is not None and per_bucket[bi] >= cap:
-                        break
-                    need = x.target if policy.chunk is None else min(x.target, policy.chunk)
-                    if admitted and need > budget:
-                        break
-                    if policy.kv_capacity is not None and used + x.target + 1 > policy.kv_capacity:
-                        break
-                    q.popleft()
-                    admitted.append(x)
-                    per_bucket[bi] += 1
-                    budget -= need
-                    used += x.target
-        for x in admitted:
-            x.admitted = now
-            if math.isnan(x.first_admitted):
-                x.first_admitted = now
-        running.extend(admitted)
-        if not running:
-            if nxt >= len(pending):
-                raise RuntimeError("requests are queued but the policy can admit none of them: check the bucket "
-                                   "limits and the KV capacity")
-            wake = pending[nxt].arrival
-            deadlines = [d for d in (held(bi) for bi in range(nb)) if d is not None]
-            now = max(now, min([wake, *deadlines]))
-            continue
-        # the step: prefill work (whole prompts, or chunks within the budget) and one decode token each
-        budget = policy.token_budget if policy.kind == "continuous" else math.inf
-        pf_tokens, pf_work, dec, dec_kv = 0, 0.0, [], 0
-        prefilling = []
-        for x in running:
+            deadlines = []
+        return min([self.pending[self.arrived].arrival, *deadlines])
+
+    # ------------------------------------------------------------------ one step
+
+    def plan(self) -> _Step:
+        """Who prefills how many tokens and who decodes. In order of admission, a request with prompt left
+        prefills it whole, or its next chunk; once a step prefills something, a later prompt that does
+        not fit the rest of the budget waits for a later step (static and dynamic: no budget). A chunk
+        is cut to the budget. Requests past their prefill decode, unless ``prefill_first`` and the step
+        prefills."""
+        p = self.policy
+        budget = p.token_budget if p.kind == "continuous" else math.inf
+        step = _Step()
+        for x in self.running:
             if x.prefilled < x.target:
-                left = x.target - x.prefilled
-                take = left if policy.chunk is None else min(left, policy.chunk)
-                if prefilling and take > budget:
+                take = x.target - x.prefilled
+                if p.chunk is not None:
+                    take = min(take, p.chunk)
+                if step.prefills and take > budget:  # does not fit what is left: a later step takes it
                     continue
-                take = min(take, max(1, int(budget))) if policy.chunk is not None else take
-                prefilling.append((x, take))
-                pf_tokens += take
-                pf_work += take * (x.prefilled + take / 2)
+                if p.chunk is not None:  # only the step's first prompt can exceed the budget: cut it
+                    take = min(take, budget)
+                step.prefills.append((x, take))
                 budget -= take
             else:
-                dec.append(x)
-                dec_kv += x.prefilled + x.generated
-        if policy.prefill_first and prefilling:  # a prefill step: the running requests' decode waits
-            dec, dec_kv = [], 0
-        dt = cost.step(pf_tokens + len(dec), pf_work, dec_kv)
+                step.decodes.append(x)
+        if p.prefill_first and step.prefills:  # a prefill step: the running requests' decode waits
+            step.decodes = []
+        return step
+
+    def advance(self, step: _Step) -> None:
+        """Run the step: the clock moves by its cost; prefills progress; the requests whose prompt it
+        completes and those that decode yield a token each (``step.yielded``; the KV in use grows by every
+        prompt token and every yielded token); requests with all their tokens leave (``step.finished``)."""
+        tokens, prefill_tokens, decode_kv = step.tokens, step.prefill_tokens, step.decode_kv
+        if not tokens:
+            raise RuntimeError(f"an empty step at t={self.now:.6f} s with {len(self.running)} running: the engine "
+                               f"planned no prefill and no decode")
+        dt = self.cost.step(tokens, step.prefill_work, decode_kv)
         if not (dt > 0 and math.isfinite(dt)):
-            raise ValueError(f"the cost model gives {dt!r} s for a step of {pf_tokens} prefill and {len(dec)} decode "
-                             f"tokens ({dec_kv} of KV): a step must take a positive, finite time; check its parameters")
-        now += dt
-        finished = []
-        for x, take in prefilling:
+            raise ValueError(f"the cost model gives {dt!r} s for a step of {prefill_tokens} prefill and "
+                             f"{len(step.decodes)} decode tokens ({decode_kv} of KV): a step must take a positive, "
+                             f"finite time; check its parameters")
+        now = self.now = self.now + dt
+        yielded, finished = step.yielded, step.finished
+        for x, take in step.prefills:
             x.prefilled += take
             x.prefill_time += dt
-            if x.prefilled == x.target:  # the prompt's last step yields the next token
-                x.generated += 1
-                x.token_times.append(now)
+            if x.prefilled == x.target:  # the step that completes a prompt yields its next token
+                yielded.append(x)
                 if math.isnan(x.first_token):
                     x.first_token = now
-                if x.generated >= x.output:
-                    finished.append(x)
-        for x in dec:
+        yielded += step.decodes
+        for x in yielded:
             x.generated += 1
             x.token_times.append(now)
             if x.generated >= x.output:
                 finished.append(x)
+        self.kv_in_use += prefill_tokens + len(yielded)
         for x in finished:
             x.finish = now
-            running.remove(x)
-            done += 1
-        if policy.kv_capacity is not None:  # pre-empt the newest until the KV fits
-            while running and kv_used() > policy.kv_capacity:
-                victim = max(running, key=lambda y: (y.admitted, y.id))
-                running.remove(victim)
-                victim.prefilled = 0
-                victim.target = victim.input + victim.generated  # its KV must be computed again
-                victim.preemptions += 1
-                queues[victim.bucket].appendleft(victim)
-    out = []
-    for x in sorted(rs, key=lambda y: y.id):
-        ttft = x.first_token - x.arrival
-        e2e = x.finish - x.arrival
-        itl = [b - a for a, b in zip(x.token_times, x.token_times[1:])]
-        out.append({"id": x.id, "kind": x.kind, "bucket": policy.buckets[x.bucket].name if policy.buckets else "",
-                    "input": x.input, "output": x.output, "arrival": x.arrival, "ttft": ttft, "e2e": e2e,
-                    "tpot": (e2e - ttft) / (x.output - 1) if x.output > 1 else math.nan,
-                    "itl_max": max(itl) if itl else math.nan, "queue": x.first_admitted - x.arrival,
-                    "prefill": x.prefill_time, "decode": x.finish - x.first_token, "preemptions": x.preemptions,
-                    "tokens": x.generated})
-    return out
+            self.running.remove(x)
+            self.kv_in_use -= x.kv
+            self.done += 1
+
+    def preempt(self) -> list[_Request]:
+        """While the running requests hold more KV than the capacity, pre-empt the most recently admitted
+        (ties: the higher id): drop its KV and put it at the front of its queue, to prefill its prompt and
+        the tokens it generated again. Returns the pre-empted requests."""
+        out = []
+        if self.policy.kv_capacity is None:
+            return out
+        while self.running and self.kv_in_use > self.policy.kv_capacity:
+            victim = max(self.running, key=lambda y: (y.admitted, y.id))
+            self.running.remove(victim)
+            self.kv_in_use -= victim.kv
+            victim.prefilled = 0
+            victim.target = victim.input + victim.generated
+            victim.preemptions += 1
+            self.queues[victim.queue].appendleft(victim)
+            out.append(victim)
+        return out
+
+
+def simulate(reqs, cost, policy: Policy, *, trace: list | None = None) -> list[dict]:
+    """Run the requests ({"id", "arrival", "kind", "input", "output"}; arrival in seconds, input and output
+    in tokens) through the engine under ``policy``, each step lasting ``cost.step(tokens,
+    prefill_ctx_work, decode_kv_tokens)`` seconds (a ``lib.serving.MeasuredCostModel`` or anything with
+    that method); one result per request, in id order (keys in the module's docstring). Deterministic: the
+    same input gives the same output.
+
+    ``trace``: a list to which one record per step is appended: its "start" and "end" (s), "prefill"
+    {id: prompt tokens}, "decode" [ids], "yielded" [ids of the requests that got a token], "finished"
+    [ids], "preempted" [ids] and "kv", the tokens of KV the running requests hold after it."""
+    policy.check()
+    return _Engine(_requests(reqs, policy), cost, policy, trace).run()
