@@ -87,7 +87,9 @@ $(TRITON_NEXT_DIR)/.installed:
 
 mutants: $(ENV)
 	rm -rf mutants
-	$(PYTHON) -m mutmut run --max-children 2 > .cache/mutmut.log 2>&1 || (tail -20 .cache/mutmut.log; exit 1)
+	mkdir -p .cache
+	# a mutant that loops for ever grows its memory: each is capped at 8 GB
+	ulimit -v 8000000; $(PYTHON) -m mutmut run --max-children 2 > .cache/mutmut.log 2>&1 || (tail -20 .cache/mutmut.log; exit 1)
 	$(PYTHON) tools/mutation_score.py --at-least 0.85
 
 check-html: $(ENV) $(CHROMIUM)
