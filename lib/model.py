@@ -47,6 +47,38 @@ class Config:
         return 2 * weights + 4 * self.layers * self.heads * self.head_dim * context
 
 
+# how far two ways of computing the same logits may differ, relative to the largest logit, by dtype and device
+LOGITS_TOLERANCE = {("float32", "cpu"): 2e-5, ("float32", "cuda"): 5e-3, ("bfloat16", "cpu"): 0.1,
+                    ("bfloat16", "cuda"): 0.1}
+
+
+def config_for(name: str, dtype: str) -> Config:
+    """The configuration called ``name``, checked with a ``dtype`` the logits checks know."""
+    if name not in CONFIGS:
+        raise ValueError(f"config must be one of {sorted(CONFIGS)}, got {name!r}")
+    if dtype not in {d for d, _ in LOGITS_TOLERANCE}:
+        raise ValueError(f"dtype must be one of {sorted({d for d, _ in LOGITS_TOLERANCE})} (a model dtype the checks "
+                         f"know), got {dtype!r}")
+    return CONFIGS[name]
+
+
+def check_logits(what: str, got: torch.Tensor, expected: torch.Tensor, dtype: str, device: str) -> float:
+    """Raise unless ``got`` equals ``expected`` (logits of the same shape) within ``LOGITS_TOLERANCE[dtype,
+    device]`` of the largest expected logit; return the largest difference. Chapters 5 and 6 check every path
+    they time this way (a cached prefill against the whole prompt, a decode step against a prefill)."""
+    got, expected = got.float(), expected.float()
+    if tuple(got.shape) != tuple(expected.shape):
+        raise AssertionError(f"{what}: logits of shape {tuple(got.shape)}, expected {tuple(expected.shape)}")
+    err = float((got - expected).abs().max())
+    tol = LOGITS_TOLERANCE[dtype, device]
+    bound = tol * float(expected.abs().max())
+    if not err <= bound:  # a NaN fails too
+        raise AssertionError(f"{what}: logits differ from another way of computing them by up to {err:.4g}, more "
+                             f"than {bound:.4g} ({tol} of the largest logit in {dtype} on {device}): the path "
+                             "computes something else")
+    return err
+
+
 CONFIGS = {
     "tiny": Config(vocab=97, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, mlp=128),
     "1b": Config(vocab=32000, hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64, mlp=8192),

@@ -13,7 +13,7 @@ The timed calls are the notebook's ``prefill`` and ``decode`` paths. Before a pa
 checked against the model's other path, which computes the same logits another way: the last logits of a
 prefill against a decode step of the last token over the same pool (the paged decode-attention kernel), and
 a decode step's logits for its first and last request against a one-token prefill at that request's last
-position (attention over the pages gathered whole), within ``TOLERANCE`` of the largest logit.
+position (attention over the pages gathered whole), within ``lib.model.LOGITS_TOLERANCE`` of the largest logit.
 
 Fitting (``fit_cost_model``): a step that prefills M tokens whose attention work is
 W = sum(new tokens x their mean context) and decodes requests reading K tokens of KV costs
@@ -38,12 +38,11 @@ import torch
 
 from lib import model, serving, workloads
 from lib.bench import fit, timing
+from lib.experiments import require
 
 # largest |logit difference| a checked path may show against the other way of computing the same logits, as a
 # fraction of the largest |logit|, by dtype and device: float32 agrees to rounding on the CPU, while on a GPU
 # Triton's dots of float32 run in TF32 (10 bits of mantissa); bf16 keeps 7 bits of mantissa everywhere
-TOLERANCE = {("float32", "cpu"): 2e-5, ("float32", "cuda"): 5e-3, ("bfloat16", "cpu"): 0.1, ("bfloat16", "cuda"): 0.1}
-DTYPES = ("float32", "bfloat16")
 PARAM_KEYS = ("config", "dtype", "block", "seed", "reps", "target_ms", "stack", "context", "decode")
 
 
@@ -64,13 +63,8 @@ def sweep(size: str) -> dict:
 
 def check_params(p: dict) -> None:
     """Reject parameters ``measure`` cannot run, saying which and why."""
-    missing = [k for k in PARAM_KEYS if k not in p]
-    if missing:
-        raise ValueError(f"the parameters lack {missing}; start from sweep('full') or sweep('smoke')")
-    if p["config"] not in model.CONFIGS:
-        raise ValueError(f"config must be one of {sorted(model.CONFIGS)}, got {p['config']!r}")
-    if p["dtype"] not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES} (a model dtype the checks know), got {p['dtype']!r}")
+    require(p, PARAM_KEYS)
+    model.config_for(p["config"], p["dtype"])
     sizes = {"stack": p["stack"], "context new": p["context"]["new"], "context ctx": p["context"]["ctx"],
              "decode B": p["decode"]["B"], "decode ctx": p["decode"]["ctx"]}
     bad = {k: v for k, v in sizes.items() if not v or any(not (isinstance(x, int) and x >= 1) for x in v)}
@@ -81,21 +75,6 @@ def check_params(p: dict) -> None:
     if not set(p["context"]["new"]) <= set(p["stack"]):
         raise ValueError(f"every context point's new tokens {p['context']['new']} must also be a stack M "
                          f"{p['stack']}: the fit compares the two")
-
-
-def check_logits(what: str, got: torch.Tensor, expected: torch.Tensor, dtype: str, device: str) -> None:
-    """Raise unless ``got`` equals ``expected`` (same shape) within ``TOLERANCE[dtype, device]`` of the largest
-    expected logit."""
-    got, expected = got.float(), expected.float()
-    if tuple(got.shape) != tuple(expected.shape):
-        raise AssertionError(f"{what}: logits of shape {tuple(got.shape)}, expected {tuple(expected.shape)}")
-    err = float((got - expected).abs().max())
-    tol = TOLERANCE[dtype, device]
-    bound = tol * float(expected.abs().max())
-    if not err <= bound:  # a NaN fails too
-        raise AssertionError(f"{what}: logits differ from the model's other path by up to {err:.4g}, more than "
-                             f"{bound:.4g} ({tol} of the largest logit in {dtype} on {device}): the path computes "
-                             "something else")
 
 
 def measure(params: dict, device: str, *, prefill, decode) -> dict:
@@ -130,7 +109,7 @@ def measure(params: dict, device: str, *, prefill, decode) -> dict:
         got = prefill(m, pool, toks, all_blocks, c)  # writes the K and V of positions c .. n - 1
         table = all_blocks[: -(-n // bs)].to(torch.int32)[None, :]
         expected = m.decode(toks[-1:], pool, table, torch.tensor([n], dtype=torch.int32, device=dev))
-        check_logits(f"prefill of {n - c} tokens after {c}", got, expected, p["dtype"], dev)
+        model.check_logits(f"prefill of {n - c} tokens after {c}", got, expected, p["dtype"], dev)
 
     rows = []
     for M in p["stack"]:
@@ -156,7 +135,7 @@ def measure(params: dict, device: str, *, prefill, decode) -> dict:
             out = decode(m, pool, toks, table, lens)
             for b in sorted({0, B - 1}):  # the first and the last request: a one-token prefill at position L - 1
                 expected = m.prefill(toks[b].repeat(L), pool, table[b].long(), L - 1, last_only=True)
-                check_logits(f"decode step of {B} requests of {L} tokens, request {b}", out[b : b + 1], expected,
+                model.check_logits(f"decode step of {B} requests of {L} tokens, request {b}", out[b : b + 1], expected,
                              p["dtype"], dev)
             rows.append({"kind": "decode", "new": B, "ctx": L, "timing": bench(
                 lambda toks=toks, table=table, lens=lens: decode(m, pool, toks, table, lens))})

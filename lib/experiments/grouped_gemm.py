@@ -43,6 +43,7 @@ import pandas as pd
 import torch
 
 from lib.bench import profile, timing
+from lib.experiments import require
 from lib.kernels import grouped_gemm as gg
 from lib.kernels import launch
 
@@ -208,9 +209,7 @@ def measure_case(paths: Callable, E: int, K: int, N: int, w: torch.Tensor, T: in
 def measure(params: dict, device: str, paths: Callable) -> dict:
     """Every case of ``params`` (``sweep``) with the paths ``paths(case, params, device)`` gives:
     {"points": one row per case and path, "sms": the SMs the lib kernel's grid is counted in}."""
-    missing = [k for k in PARAMS if k not in params]
-    if missing:
-        raise ValueError(f"params lack {missing}: pass sweep('full') or sweep('smoke'), or a copy of one")
+    require(params, PARAMS)
     if not callable(paths):
         raise TypeError("paths must be a function (case, params, device) -> {name: callable}; see chapter 4's notebook")
     p = params

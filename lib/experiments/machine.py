@@ -32,6 +32,7 @@ import torch
 
 from lib.bench import ceilings, timing
 from lib.bench.device import clocks
+from lib.experiments import require
 
 MiB = 1 << 20
 DTYPES = ["bf16", "fp16", "tf32", "fp32"]
@@ -143,9 +144,7 @@ def measure_launch(op, device: str, p: dict) -> dict:
 
 
 def _check(params: dict, ops: dict) -> None:
-    missing = [k for k in PARAMS if k not in params]
-    if missing:
-        raise ValueError(f"params lack {missing}: pass sweep('full') or sweep('smoke'), or a copy of one")
+    require(params, PARAMS)
     absent = [k for k in OPS if not callable(ops.get(k))]
     if absent:
         raise ValueError(f"ops lack callables for {absent}: give one for each of {list(OPS)} (see chapter 0's notebook)")

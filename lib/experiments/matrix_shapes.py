@@ -26,6 +26,7 @@ import torch
 
 from lib import costs
 from lib.bench import profile, timing
+from lib.experiments import require
 
 SHAPES = dict(costs.LLAMA3_8B["linears"])  # layer -> (K, N)
 BYTES = 2  # bf16, the element size of every buffer the notebook's ``linear`` makes
@@ -74,9 +75,7 @@ def measure_linear(linear, name: str, K: int, N: int, M: int, cold: bool, device
 
 def measure(params: dict, device: str, linear) -> dict:
     """Every point of chapter 1: each layer of ``params["shapes"]``, each M, cold then hot."""
-    missing = [k for k in PARAMS if k not in params]
-    if missing:
-        raise ValueError(f"params lack {missing}: pass sweep('full') or sweep('smoke'), or a copy of one")
+    require(params, PARAMS)
     if not callable(linear):
         raise TypeError("linear must be a function (M, K, N, device) -> ((x, w, y), call); see chapter 1's notebook")
     p = params

@@ -22,7 +22,8 @@ float32 on a CPU smoke run) over a paged KV pool (``lib.kv_pool``) with a prefix
 The timed paths are the notebook's (passed in as ``prefill``, ``decode`` and ``first_token``); before any
 is timed, its output is checked against an oracle: a cached prefill's last logits and a decode step's
 logits must equal the last logits of the whole prompt prefilled from position 0, within the precision of
-the dtype on the device (``TOLERANCE``, relative to the largest logit). A path that computes something else raises.
+the dtype on the device (``lib.model.LOGITS_TOLERANCE``, relative to the largest logit). A path that
+computes something else raises.
 
 Also here: ``replay_workload``, the cache-size and eviction-policy sweep of a prompt workload that the
 chapter runs on the CPU in every mode.
@@ -38,13 +39,12 @@ import torch
 
 from lib import model, prefix_cache
 from lib.bench import timing
+from lib.experiments import require
 from lib.prefix_cache import PrefixCache
 
 # largest |logit difference| a checked path may show against the other way of computing the same logits, as a
 # fraction of the largest |logit|, by dtype and device: float32 agrees to rounding on the CPU, while on a GPU
 # Triton's dots of float32 run in TF32 (10 bits of mantissa); bf16 keeps 7 bits of mantissa everywhere
-TOLERANCE = {("float32", "cpu"): 2e-5, ("float32", "cuda"): 5e-3, ("bfloat16", "cpu"): 0.1, ("bfloat16", "cuda"): 0.1}
-DTYPES = ("float32", "bfloat16")
 ISOLATIONS = ("shared", "salted")
 PARAM_KEYS = ("config", "dtype", "block", "seed", "lengths", "fractions", "reps", "target_ms", "exact_len",
               "exact_frac", "attack")
@@ -68,13 +68,9 @@ def sweep(size: str) -> dict:
 
 def check_params(p: dict) -> None:
     """Reject parameters ``measure`` cannot run, saying which and why."""
-    missing = [k for k in PARAM_KEYS if k not in p] + [f"attack.{k}" for k in ATTACK_KEYS if k not in p.get("attack", {})]
-    if missing:
-        raise ValueError(f"the parameters lack {missing}; start from sweep('full') or sweep('smoke')")
-    if p["config"] not in model.CONFIGS:
-        raise ValueError(f"config must be one of {sorted(model.CONFIGS)}, got {p['config']!r}")
-    if p["dtype"] not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES} (a model dtype the checks know), got {p['dtype']!r}")
+    require(p, PARAM_KEYS)
+    require(p["attack"], ATTACK_KEYS)
+    model.config_for(p["config"], p["dtype"])
     bs = p["block"]
     if not (isinstance(bs, int) and bs >= 1):
         raise ValueError(f"block must be a positive int (tokens per KV block), got {bs!r}")
@@ -88,21 +84,6 @@ def check_params(p: dict) -> None:
     a = p["attack"]
     if a["trials"] < 2 or a["trials"] % 2:
         raise ValueError(f"attack trials must be even and >= 2 (half right guesses, half wrong), got {a['trials']}")
-
-
-def check_logits(what: str, got: torch.Tensor, expected: torch.Tensor, dtype: str, device: str) -> float:
-    """Raise unless ``got`` equals ``expected`` (float32 logits of the same shape) within ``TOLERANCE[dtype, device]``
-    of the largest expected logit; return the largest difference."""
-    got = got.float()
-    if tuple(got.shape) != tuple(expected.shape):
-        raise AssertionError(f"{what}: logits of shape {tuple(got.shape)}, expected {tuple(expected.shape)}")
-    err = float((got - expected).abs().max())
-    tol = TOLERANCE[dtype, device]
-    bound = tol * float(expected.abs().max())
-    if not err <= bound:  # a NaN fails too
-        raise AssertionError(f"{what}: logits differ from the whole prompt's by up to {err:.4g}, more than {bound:.4g} "
-                             f"({tol} of the largest logit in {dtype} on {device}): the path computes something else")
-    return err
 
 
 def _sync(dev: str) -> None:
@@ -181,7 +162,8 @@ def measure_savings(m, p: dict, dev: str, gen: torch.Generator, prefill, decode)
         whole = m.prefill(tokens, pool, blocks, 0)[-1:].float()  # the whole prompt's KV is in the pool
         for frac in p["fractions"]:
             c = int(frac * n) // bs * bs
-            check_logits(f"prefill of {n} tokens after {c} cached", prefill(m, pool, tokens, blocks, c), whole, p["dtype"], dev)
+            model.check_logits(f"prefill of {n} tokens after {c} cached", prefill(m, pool, tokens, blocks, c), whole,
+                               p["dtype"], dev)
             t = timing.bench([lambda c=c, tokens=tokens, blocks=blocks: prefill(m, pool, tokens, blocks, c)],
                              device=dev, reps=p["reps"], warmup=1, target_ms=p["target_ms"])
             rows.append({"n": n, "fraction": frac, "cached": c, "timing": t.to_dict()})
@@ -190,7 +172,7 @@ def measure_savings(m, p: dict, dev: str, gen: torch.Generator, prefill, decode)
         table = blocks.to(torch.int32)[None, :]
         lens = torch.tensor([n], dtype=torch.int32, device=dev)
         tok = tokens[-1:].clone()
-        check_logits(f"decode step at position {n - 1}", decode(m, pool, tok, table, lens), whole, p["dtype"], dev)
+        model.check_logits(f"decode step at position {n - 1}", decode(m, pool, tok, table, lens), whole, p["dtype"], dev)
         t = timing.bench([lambda tok=tok, table=table, lens=lens: decode(m, pool, tok, table, lens)], device=dev,
                          reps=p["reps"], warmup=1, target_ms=p["target_ms"])
         rows.append({"n": n, "fraction": None, "cached": None, "decode": True, "timing": t.to_dict()})

@@ -30,6 +30,7 @@ import torch
 
 from lib import costs
 from lib.bench import profile, timing
+from lib.experiments import require
 
 OPS = ("add", "rmsnorm", "embedding", "softmax")
 PARAMS = ("H", "V", "T", "T_softmax", "T_detail", "reps", "target_ms")
@@ -109,9 +110,7 @@ def measure_op(make, name: str, T: int, cold: bool, device: str, l2: int, p: dic
 
 def measure(params: dict, device: str, ops: dict) -> dict:
     """Every point of chapter 2: the main points (cold), then the detail points (cold and hot)."""
-    missing = [k for k in PARAMS if k not in params]
-    if missing:
-        raise ValueError(f"params lack {missing}: pass sweep('full') or sweep('smoke'), or a copy of one")
+    require(params, PARAMS)
     if set(ops) != set(OPS) or not all(callable(m) for m in ops.values()):
         raise ValueError(f"ops must map each of {list(OPS)} to a function (T, H, V, device, shared) -> (call, inputs), "
                          f"got {sorted(ops)}; see chapter 2's notebook")
