@@ -257,7 +257,8 @@ def measure_pages(B, L, H_kv, p, dev, gen, l2) -> list[dict]:
         err = check_output(f"page {page or 'dense'}", plan(*data[0], lens), ref, p, f"B={B} L={L} H_kv={H_kv}")
         t = bench([lambda d=d, plan=plan: plan(*d, lens) for d in data], p, dev)
         rows.append({"B": B, "L": L, "H_kv": H_kv, "page": page or "dense", "Q": nbytes, "err": err, "timing": t})
-        del data
+        del data, plan, q, kc, vc, bt, ref  # one layout's copy in memory at a time
+        _release(dev)
     del dense
     _release(dev)
     return rows
@@ -373,6 +374,7 @@ def measure(p: dict, device: str, plans, paths, floors) -> dict:
     for H_kv in p["Hkvs"]:
         for B, L, _ in [s for s in shapes if s[2] == H_kv]:
             points += measure_shape(B, L, H_kv, p, device, gen, l2, plans, paths, floors)
+            _release(device)  # each shape's buffers freed to the driver: the next shape allocates afresh
         print(f"H_kv={H_kv} done", flush=True)
     pages = [r for B, L, H_kv in p["page_sweep"]["shapes"] for r in measure_pages(B, L, H_kv, p, device, gen, l2)]
     print("page sizes done", flush=True)

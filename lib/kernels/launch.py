@@ -132,6 +132,19 @@ def _is_constexpr(param: inspect.Parameter) -> bool:
     return "constexpr" in (ann if isinstance(ann, str) else getattr(ann, "__name__", repr(ann)))
 
 
+@functools.cache
+def _parameters(fn) -> tuple[int, tuple[inspect.Parameter, ...]]:
+    """A kernel's number of runtime parameters and its constexpr parameters, read once per kernel (a plan is
+    made on every call of the plain functions: reading a signature costs more than the rest of a plan)."""
+    params = list(inspect.signature(fn).parameters.values())
+    is_constexpr = [_is_constexpr(p) for p in params]
+    n_runtime = is_constexpr.index(True) if True in is_constexpr else len(params)
+    if any(not c for c in is_constexpr[n_runtime:]):
+        raise ValueError(f"{fn.__name__}: every constexpr parameter must follow the runtime ones for a direct "
+                         f"launch; {[p.name for p, c in zip(params, is_constexpr) if c][:1]} comes too early")
+    return n_runtime, tuple(params[n_runtime:])
+
+
 class Launch:
     """One kernel at one grid with its constexprs and compile options fixed: ``launch(*args, direct=...)``.
 
@@ -147,13 +160,7 @@ class Launch:
         fn = getattr(kernel, "fn", None)
         if fn is None:
             raise TypeError(f"{kernel!r} is not a @triton.jit function")
-        params = list(inspect.signature(fn).parameters.values())
-        is_constexpr = [_is_constexpr(p) for p in params]
-        n_runtime = is_constexpr.index(True) if True in is_constexpr else len(params)
-        if any(not c for c in is_constexpr[n_runtime:]):
-            raise ValueError(f"{fn.__name__}: every constexpr parameter must follow the runtime ones for a direct "
-                             f"launch; {[p.name for p, c in zip(params, is_constexpr) if c][:1]} comes too early")
-        constexprs = params[n_runtime:]
+        n_runtime, constexprs = _parameters(fn)
         unknown = set(meta) - {c.name for c in constexprs}
         if unknown:
             raise ValueError(f"{fn.__name__} has no constexpr parameter {sorted(unknown)}; it has "
