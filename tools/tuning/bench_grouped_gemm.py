@@ -30,16 +30,9 @@ import records  # noqa: E402
 import torch  # noqa: E402
 
 from lib.bench import ceilings, timing  # noqa: E402
+from lib.experiments.grouped_gemm import route as counts_for  # noqa: E402  (chapter 4's routing)
 from lib.kernels import grouped_gemm as gg  # noqa: E402
 from lib.kernels import launch  # noqa: E402
-
-
-def counts_for(T, E, routing, gen):
-    if routing == "uniform":
-        p = torch.full((E,), 1.0 / E)
-    else:  # Dirichlet(alpha) expert popularity
-        p = torch.distributions.Dirichlet(torch.full((E,), float(routing))).sample()
-    return torch.multinomial(p, T, replacement=True, generator=gen).bincount(minlength=E)
 
 
 def measure_case(E, K, N, w, w_nk, T, routing, gen, P, BW, rows):
