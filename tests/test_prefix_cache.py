@@ -86,21 +86,6 @@ def test_lru_evicts_tail_first_and_least_recent_first():
     assert list(cache.evictable)[-2:] == [a.blocks[1], a.blocks[0]]  # recently used: evicted last
 
 
-def test_fifo_evicts_first_cached_first():
-    pool = KVPool(4, 1, storage=False)
-    cache = PrefixCache(pool, "fifo")
-    a = cache.acquire([1, 2])
-    cache.commit(a)
-    cache.release(a)
-    b = cache.acquire([5, 6])
-    cache.commit(b)
-    cache.release(b)
-    reuse = cache.acquire([1, 2, 3])  # hits a's first block; a is used again but stays oldest
-    cache.release(reuse)
-    cache.acquire([8, 8, 8, 8])  # needs every block: evicts all
-    assert not cache.key_of
-
-
 class PoolAndCache(RuleBasedStateMachine):
     """Random acquire / commit / release on a small pool; the invariants hold after every step."""
 
