@@ -19,7 +19,7 @@ each returning partial sums of the bytes it read. ``measure`` runs them over the
    ``READ_LAUNCHES``, the fastest kept. At the worked example's shape (``seed``) the plain function
    ``decode_attention``, which plans its launch on every call, is timed too: the host time planning saves.
 3. Page sizes (``measure_pages``): the default launch on one cache laid out contiguously and in pages of
-   each size of ``page_sweep``, at its shapes.
+   each size of ``page_sweep``, at its shapes, each page size timed in pairs against the contiguous layout.
 4. Paging in pairs (``measure_paging``): at every shape with L >= ``paging.min_L``, the default launch on
    the contiguous cache against the same cache in pages laid out in order and in random orders, timed
    in alternating pairs (``timing.paired``), so that drift falls on both alike.
@@ -65,7 +65,7 @@ def sweep(size: str) -> dict:
     if size == "full":
         return {"Hq": 32, "d": 128, "dtype": "bfloat16", "Bs": [1, 8, 64], "Ls": [512, 2048, 4096, 16384, 131072],
                 "Hkvs": [32, 8, 1], "max_bytes": 16 * 2**30, "max_naive_bytes": 8 * 2**30, "page": 16,
-                "page_sweep": {"pages": [1, 16, 64, 256], "shapes": [[8, 4096, 8], [8, 16384, 8], [1, 131072, 8],
+                "page_sweep": {"pages": [1, 16, 64, 256], "pairs": 9, "shapes": [[8, 4096, 8], [8, 16384, 8], [1, 131072, 8],
                                                                     [64, 16384, 8]]},
                 "check": {"B": 8, "L": 32768, "pages": [1, 16, 64, 256], "Hkvs": [32, 8, 4, 1]},
                 "paging": {"min_L": 16384, "layouts": 3, "pairs": 15},
@@ -74,7 +74,7 @@ def sweep(size: str) -> dict:
     if size == "smoke":  # one shape (the seed's) with every path; each other sweep at its smallest
         return {"Hq": 4, "d": 16, "dtype": "float32", "Bs": [1], "Ls": [32], "Hkvs": [1], "max_bytes": 2**20,
                 "max_naive_bytes": 2**20, "page": 16,
-                "page_sweep": {"pages": [1, 16], "shapes": [[1, 32, 1]]},
+                "page_sweep": {"pages": [1, 16], "pairs": 1, "shapes": [[1, 32, 1]]},
                 "check": {"B": 3, "L": 40, "pages": [1, 16], "Hkvs": [4, 1]},
                 "paging": {"min_L": 32, "layouts": 1, "pairs": 1},
                 "short": {"B": 1, "H_kv": 1, "Ls": [16, 32], "rounds": 1},
@@ -235,29 +235,34 @@ def _release(dev: str) -> None:
 
 def measure_pages(B, L, H_kv, p, dev, gen, l2) -> list[dict]:
     """The default launch on one cache laid out contiguously ("dense") and in pages of each size of the page
-    sweep, placed in random order: one row per layout."""
+    sweep, placed in random order. The contiguous layout is timed alone (``bench``); each page size is timed
+    against it in ``page_sweep.pairs`` pairs of samples taken in alternation (``timing.paired``), so that
+    drift between the two falls on both: one row per layout, the paged ones with the pairs' statistics."""
     nbytes = kv_bytes(B, L, H_kv, p)
     sets = timing.rotation(nbytes, l2) if l2 else 1
     lens = torch.full((B,), L, dtype=torch.int32, device=dev)
     dense = [random_qkv(B, L, H_kv, p, dev, gen) for _ in range(sets)]
-    few = min(B, 2)
-    rows = []
-    for page in [0] + p["page_sweep"]["pages"]:
+    dense_bt = da.dense_as_paged(dense[0][1])[1]
+    contiguous = da.DecodeAttention(*dense[0], dense_bt, lens)
+    few, where = min(B, 2), f"B={B} L={L} H_kv={H_kv}"
+    q, k, v = dense[0]
+    ref = da.reference(q[:few], k, v, dense_bt[:few], lens[:few])
+    shape = {"B": B, "L": L, "H_kv": H_kv, "Q": nbytes}
+    run_dense = [lambda d=d: contiguous(*d, dense_bt, lens) for d in dense]
+    err = check_output("page dense", run_dense[0](), ref, p, where)
+    rows = [{**shape, "page": "dense", "err": err, "timing": bench(run_dense, p, dev)}]
+    for page in p["page_sweep"]["pages"]:
         data = []
         for q, k, v in dense:
-            if page:
-                kc, bt = da.paginate(k, page)
-                vc, _ = da.paginate(v, page, block_table=bt)
-            else:
-                (kc, bt), vc = da.dense_as_paged(k), v
+            kc, bt = da.paginate(k, page)
+            vc, _ = da.paginate(v, page, block_table=bt)
             data.append((q, kc, vc, bt))
         plan = da.DecodeAttention(*data[0], lens)
-        q, kc, vc, bt = data[0]
-        ref = da.reference(q[:few], kc, vc, bt[:few], lens[:few])
-        err = check_output(f"page {page or 'dense'}", plan(*data[0], lens), ref, p, f"B={B} L={L} H_kv={H_kv}")
-        t = bench([lambda d=d, plan=plan: plan(*d, lens) for d in data], p, dev)
-        rows.append({"B": B, "L": L, "H_kv": H_kv, "page": page or "dense", "Q": nbytes, "err": err, "timing": t})
-        del data, plan, q, kc, vc, bt, ref  # one layout's copy in memory at a time
+        err = check_output(f"page {page}", plan(*data[0], lens), ref, p, where)
+        pair = timing.paired(run_dense, [lambda d=d, plan=plan: plan(*d, lens) for d in data], device=dev,
+                             pairs=p["page_sweep"]["pairs"], target_ms=p["target_ms"])
+        rows.append({**shape, "page": page, "err": err, "pairs": pair.to_dict()})
+        del data, plan, kc, vc, bt  # one paged copy in memory at a time
         _release(dev)
     del dense
     _release(dev)
