@@ -47,9 +47,6 @@ def _tidy(path: Path) -> None:
 
 
 def run(args) -> int:
-    import nbformat
-    import papermill
-
     # The mode travels in the environment (it decides what mode="auto" does in every kernel), so the
     # notebooks keep their defaults and no papermill-injected cell is needed for it.
     if args.mode != "auto":
@@ -77,17 +74,32 @@ def run(args) -> int:
             return 2
         out = (out_dir / nb_path.name) if out_dir else nb_path
         print(f"[{i}/{len(notebooks)}] {results.show(nb_path)} -> {results.show(out)} {params or ''}", flush=True)
-        nbformat.write(_without_injected(nb_path), out)
-        papermill.execute_notebook(
-            str(out),
-            str(out),
-            parameters=params,
-            kernel_name="python3",
-            cwd=str(nb_path.parent),
-            progress_bar=not args.no_progress,
-        )
-        _tidy(out)
+        execute(nb_path, out, params, progress=not args.no_progress)
     return 0
+
+
+def execute(nb_path: Path, out: Path, params: dict, progress: bool = False,
+            failed_dir: Path = ROOT / "_build" / "failed") -> None:
+    """Run notebook ``nb_path`` with ``params`` (in its own folder) and write it, outputs and all, to ``out``.
+    It runs in a hidden copy beside ``out``, which replaces ``out`` only when every cell ran: a cell that
+    raises leaves ``out`` as it was, and the failed run, error and all, goes to ``failed_dir``."""
+    import nbformat
+    import papermill
+
+    running = out.with_name(f".{out.stem}.running.ipynb")
+    nbformat.write(_without_injected(nb_path), running)
+    try:
+        papermill.execute_notebook(str(running), str(running), parameters=params, kernel_name="python3",
+                                   cwd=str(nb_path.parent), progress_bar=progress)
+    except BaseException:
+        failed_dir.mkdir(parents=True, exist_ok=True)
+        failed = failed_dir / nb_path.name
+        running.replace(failed)
+        print(f"{results.show(nb_path)} did not run to the end; {results.show(out)} is left as it was, and the "
+              f"failed run, with its error, is in {results.show(failed)}", file=sys.stderr, flush=True)
+        raise
+    _tidy(running)
+    running.replace(out)
 
 
 def check_fresh(args) -> int:

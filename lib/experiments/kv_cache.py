@@ -22,7 +22,8 @@ each returning partial sums of the bytes it read. ``measure`` runs them over the
    each size of ``page_sweep``, at its shapes, each page size timed in pairs against the contiguous layout.
 4. Paging in pairs (``measure_paging``): at every shape with L >= ``paging.min_L``, the default launch on
    the contiguous cache against the same cache in pages laid out in order and in random orders, timed
-   in alternating pairs (``timing.paired``), so that drift falls on both alike.
+   in alternating pairs (``timing.paired``), so that drift falls on both alike; and the read-only kernel
+   over each layout against the contiguous read, in pairs the same way.
 5. Short contexts (``measure_short``): SDPA, the kernel on pages and the read-only kernel over the same
    pages at one (B, H_kv), over short contexts, timed in rounds whose order alternates.
 
@@ -42,6 +43,7 @@ import torch
 from lib import costs
 from lib.bench import profile, timing
 from lib.kernels import decode_attention as da
+from lib.kernels import stream
 
 # the read-only kernels' launches (programs, block, warps, eviction hint), the fastest of its list taken per
 # shape: the launches that were fastest somewhere in the tuning runs
@@ -274,7 +276,8 @@ def measure_paging(B, L, H_kv, p, dev, gen, l2) -> list[dict]:
     cache, and over the same K and V copied into pages laid out in the contiguous order (an identity block
     table: only the lookups differ) and in ``paging.layouts`` random orders (their own generator, seeded by
     the shape). Each layout is timed against the contiguous cache in ``paging.pairs`` pairs of samples
-    taken in alternation (``timing.paired``): one row per layout, with the pairs' statistics."""
+    taken in alternation (``timing.paired``), and so is the read-only kernel over the same layout against
+    the contiguous read, one launch for both: one row per layout, with both pairs' statistics."""
     nbytes = kv_bytes(B, L, H_kv, p)
     sets = timing.rotation(nbytes, l2) if l2 else 1
     dense = [random_qkv(B, L, H_kv, p, dev, gen) for _ in range(sets)]
@@ -299,8 +302,17 @@ def measure_paging(B, L, H_kv, p, dev, gen, l2) -> list[dict]:
         pair = timing.paired([lambda d=d: contiguous(*d, dense_bt, lens) for d in dense],
                              [lambda d=d, plan=plan: plan(*d, lens) for d in data],
                              device=dev, pairs=p["paging"]["pairs"], target_ms=p["target_ms"])
+        # what the memory system alone charges for this layout: the same bytes read with no arithmetic, from the
+        # contiguous cache and page by page in this block table's order, one launch for both, timed in pairs
+        check_sum(f"read-only paging {layout}", stream.read_pages_sum(kc, vc, bt.flatten()),
+                  (dense[0][1].double().sum().item() + dense[0][2].double().sum().item(), 2 * dense[0][1].numel()),
+                  f"B={B} L={L} H_kv={H_kv}")
+        read = timing.paired([lambda d=d: stream.read_sum(d[1], d[2]) for d in dense],
+                             [lambda d=d: stream.read_pages_sum(d[1], d[2], d[3].flatten()) for d in data],
+                             device=dev, pairs=p["paging"]["pairs"], target_ms=p["target_ms"])
         rows.append({"B": B, "L": L, "H_kv": H_kv, "layout": layout, "Q": nbytes, "sets": sets, "err": err,
-                     "pairs": pair.to_dict(), "block_n": plan.meta["BLOCK_N"], "splits": plan.splits})
+                     "pairs": pair.to_dict(), "read_pairs": read.to_dict(), "block_n": plan.meta["BLOCK_N"],
+                     "splits": plan.splits})
         del data
     del dense
     _release(dev)

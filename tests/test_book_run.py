@@ -1,0 +1,51 @@
+"""tools/book.py runs a notebook into a copy: only a run that reaches the end replaces the notebook."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tools import book  # noqa: E402
+
+
+def notebook(path: Path, *sources: str) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+def outputs(path: Path) -> list[str]:
+    nb = nbformat.read(path, as_version=4)
+    return ["".join(o.get("text", "") for o in c.get("outputs", [])) for c in nb.cells]
+
+
+def test_a_run_that_ends_writes_its_outputs(tmp_path):
+    nb = notebook(tmp_path / "ok.ipynb", "print(6 * 7)")
+    book.execute(nb, nb, {}, failed_dir=tmp_path / "failed")
+    assert outputs(nb) == ["42\n"]
+    assert not list(tmp_path.glob(".*")), "the hidden running copy is left behind"
+    assert not (tmp_path / "failed").exists()
+
+
+def test_a_failed_run_leaves_the_notebook_as_it_was(tmp_path):
+    nb = notebook(tmp_path / "bad.ipynb", "print('first')", "x = 1")
+    book.execute(nb, nb, {}, failed_dir=tmp_path / "failed")  # a run that ends: its outputs are kept
+    edited = nbformat.read(nb, as_version=4)
+    edited.cells[1].source = "raise RuntimeError('cell two fails')"
+    nbformat.write(edited, nb)
+    before = nb.read_text()
+    with pytest.raises(Exception, match="cell two fails"):
+        book.execute(nb, nb, {}, failed_dir=tmp_path / "failed")
+    assert nb.read_text() == before
+    assert outputs(nb) == ["first\n", ""]
+    failed = nbformat.read(tmp_path / "failed" / "bad.ipynb", as_version=4)
+    assert any("cell two fails" in str(c.get("outputs", "")) for c in failed.cells)
+    assert not list(tmp_path.glob(".*")), "the hidden running copy is left behind"
