@@ -660,6 +660,9 @@ class Analysis:
             "vs_grouped_fewest_experts_min": self.comp_vs.min(),
             "loop_bound_e64_min": self.e64_bound.min(),
             "vs_loop_call_room_min": self.e64_room.min() if len(self.e64_room) else nan,
+            # where the loop takes 5x the floor or more, a kernel reaching a share s of the floor is 5 s times faster
+            # or more (its own call overhead aside): s the lowest share lib reaches where weights set the floor
+            "vs_loop_call_room_bound": 5 * self.mem_frac.min() if len(self.mem_frac) else nan,
             "lib_call_over_gpu_max": (cases["lib call"] / cases["lib gpu"]).max(),
             "unplanned_over_planned_smallest": ((self._unplanned() / cases["lib call"]).loc[cases["lib gpu"].idxmin()]
                                                 if "lib, unplanned" in set(pts["path"]) else nan),
