@@ -639,6 +639,8 @@ class Analysis:
             out["worst_wb_case"] = _case_words(self.worst_uni)
             kernel, _ = self._padded_tile(self.worst_uni)
             out["worst_wb_padded_kernel"] = kernel or "not recorded"
+            misses = self.mem_frac[self.mem_frac < 0.9]
+            out["wb_misses_cases"] = "; ".join(_case_words(k) for k in misses.index) or "none"
         if len(self.e64_room):
             out["room_worst_case"] = _case_words(self.e64_room.idxmin())
         return out
