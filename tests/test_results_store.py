@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -196,12 +197,18 @@ def test_damaged_files_name_what_is_wrong(tmp_path):
 
 
 def test_a_file_that_is_json_but_not_an_object_is_refused_clearly(tmp_path):
-    path = tmp_path / "cpu" / "nb.json"
-    path.parent.mkdir()
-    for text in ("[]", "5"):
-        path.write_text(text)
-        with pytest.raises(ResultsError, match="is not a results file"):
-            results.read(path)
+    cmd = "papermill notebooks/nb.ipynb notebooks/nb.ipynb -p mode measure"
+    hints = {"cpu": f"Re-measure with `{cmd} -p device cpu`",
+             "some-gpu": f"Re-measure on a some-gpu GPU with `make measure` (or this notebook alone: `{cmd}`)"}
+    for slug, hint in hints.items():
+        path = tmp_path / slug / "nb.json"
+        path.parent.mkdir()
+        for text, kind in (("[]", "list"), ("5", "int"), ('"x"', "str")):
+            path.write_text(text)
+            with pytest.raises(ResultsError) as e:
+                results.read(path)
+            # what the file holds, and the command that re-creates this notebook's file for this device
+            assert str(e.value) == f"{path.as_posix()} is not a results file: it holds a JSON {kind}, not an object. {hint}."
 
 
 # ---------------------------------------------------------------------------- parameters
@@ -290,6 +297,41 @@ def test_measure_writes_a_record_with_provenance_and_prints_where(repo, capsys):
     assert rec["code"] == fingerprint.fingerprint("exp", repo) and rec["provenance"] == res.provenance
     assert rec["data"] == res.data and rec["elapsed_s"] >= 0
     assert len(res.date) == 10 and res.date == rec["provenance"]["date"][:10]
+
+
+class BufferedPipe:
+    """stdout as a pipe to a log (``make measure > log``): what is written waits in a buffer until flushed."""
+
+    def __init__(self):
+        self.buffer, self.shown = "", ""
+
+    def write(self, text):
+        self.buffer += text
+        return len(text)
+
+    def flush(self):
+        self.shown, self.buffer = self.shown + self.buffer, ""
+
+
+def test_progress_lines_reach_a_buffered_stdout_at_once(repo, monkeypatch):
+    """Someone watching the log of a measurement that runs for an hour sees that it started, and each
+    status line is out by the time the call returns, whatever stdout buffers."""
+    pipe = BufferedPipe()
+    monkeypatch.setattr(sys, "stdout", pipe)
+    seen = []
+
+    def watched(params, device):
+        seen.append(pipe.shown)  # the log while the measurement runs
+        return {"x": 1}
+
+    Run("exp", mode="measure", device="cpu", root=repo).measure_or_replay({"n": 1}, watched)
+    assert seen == ["measuring exp on cpu (smoke) ...\n"]
+    assert (pipe.shown, pipe.buffer) == ("measuring exp on cpu (smoke) ...\nwrote results/cpu/exp.json\n", "")
+    pipe.shown = ""
+    r = Run("exp", mode="replay", reference="cpu", root=repo)
+    r.measure_or_replay({"n": 1}, lambda p, d: pytest.fail("a replay does not measure"))
+    date = results.read(r.path)["provenance"]["date"][:10]
+    assert (pipe.shown, pipe.buffer) == (f"replaying results/cpu/exp.json: cpu, {date}\n", "")
 
 
 def test_the_size_a_notebook_passes_is_overridden_by_the_runs(repo):
