@@ -43,14 +43,6 @@ def stored():
     return results.load("04-grouped-gemm", results.REFERENCE)
 
 
-def test_full_sweep_is_what_the_reference_set_was_measured_with():
-    params = dict(stored()["params"])
-    assert params.pop("size") == "full"
-    assert experiment.sweep("full") == params
-    with pytest.raises(ValueError, match="'full' and a 'smoke'"):
-        experiment.sweep("medium")
-
-
 def test_smoke_data_has_the_structure_of_the_stored_data(smoke):
     params, data = smoke
     ref = {r["path"]: r for r in stored()["data"]["points"]}

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 import torch.nn.functional as F_
@@ -47,11 +45,6 @@ TINY = {"H": 64, "V": 500, "T": [2], "T_softmax": [2], "T_detail": {}, "reps": 1
 def smoke():
     p = roofline.sweep("smoke")
     return p, roofline.measure(p, "cpu", OPS)
-
-
-def test_the_full_sweep_is_what_the_reference_set_was_measured_with():
-    stored = results.load("02-roofline")["params"]
-    assert json.loads(json.dumps({"size": "full", **roofline.sweep("full")})) == stored
 
 
 def test_smoke_data_has_the_reference_structure(smoke):

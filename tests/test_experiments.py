@@ -1,0 +1,28 @@
+"""What every chapter's experiment module shares: its full sweep is what the reference set was measured
+with (a change to a sweep shows here before anyone re-measures), and it refuses sizes it does not know."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lib.bench import results
+from lib.experiments import batching, grouped_gemm, kv_cache, machine, matrix_shapes, prefix_caching, roofline
+
+EXPERIMENTS = {"00-the-machine": machine, "01-matrix-shapes": matrix_shapes, "02-roofline": roofline,
+               "03-kv-cache": kv_cache, "04-grouped-gemm": grouped_gemm, "05-prefix-caching": prefix_caching,
+               "06-batching": batching}
+
+
+@pytest.mark.parametrize("notebook", sorted(EXPERIMENTS))
+def test_the_full_sweep_is_what_the_reference_set_was_measured_with(notebook):
+    stored = dict(results.load(notebook)["params"])
+    assert stored.pop("size") == "full"
+    assert json.loads(json.dumps(EXPERIMENTS[notebook].sweep("full"))) == stored
+
+
+@pytest.mark.parametrize("notebook", sorted(EXPERIMENTS))
+def test_an_unknown_size_is_refused(notebook):
+    with pytest.raises(ValueError, match="full"):
+        EXPERIMENTS[notebook].sweep("medium")
