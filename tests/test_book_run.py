@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -49,3 +50,16 @@ def test_a_failed_run_leaves_the_notebook_as_it_was(tmp_path):
     failed = nbformat.read(tmp_path / "failed" / "bad.ipynb", as_version=4)
     assert any("cell two fails" in str(c.get("outputs", "")) for c in failed.cells)
     assert not list(tmp_path.glob(".*")), "the hidden running copy is left behind"
+
+
+def test_measuring_without_a_gpu_is_refused_unless_the_cpu_is_asked_for(monkeypatch, capsys, tmp_path):
+    ran = []
+    for var in (book.results.MODE_ENV, "PYTHONPATH"):  # run() sets them: restored after the test
+        monkeypatch.setenv(var, os.environ.get(var, ""))
+    monkeypatch.setattr(book, "_has_cuda", lambda: False)
+    monkeypatch.setattr(book, "execute", lambda *a, **k: ran.append(a))
+    assert book.main(["run", "00-the-machine", "--mode", "measure"]) == 2
+    assert "no CUDA GPU here" in capsys.readouterr().err and ran == []
+    assert book.main(["run", "00-the-machine", "--mode", "measure", "--device", "cpu", "--output-dir",
+                      str(tmp_path)]) == 0
+    assert len(ran) == 1  # asked for the CPU explicitly: it runs

@@ -46,7 +46,19 @@ def _tidy(path: Path) -> None:
     nbformat.write(nb, path)
 
 
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def run(args) -> int:
+    if args.mode == "measure" and args.device == "auto" and not _has_cuda():
+        print("no CUDA GPU here, so there is nothing to measure: the book's results are measured on a GPU "
+              "(run this there), and replayed everywhere else (`make notebooks`). To measure the CPU smoke "
+              "sizes on purpose, say so: --device cpu --size smoke --results-dir DIR --output-dir OUT.",
+              file=sys.stderr)
+        return 2
     # The mode travels in the environment (it decides what mode="auto" does in every kernel), so the
     # notebooks keep their defaults and no papermill-injected cell is needed for it.
     if args.mode != "auto":
