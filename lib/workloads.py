@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping, Sequence
+from numbers import Integral, Real
 
 
 def _zipf_weights(n: int, s: float) -> list[float]:
@@ -51,8 +53,9 @@ def shared_prefix_prompts(n: int, *, seed: int = 0, vocab: int = 32000, system_p
 def arrival_times(n: int, rate: float, *, process: str = "poisson", cv: float = 1.0, seed: int = 0) -> list[float]:
     """``n`` arrival times (seconds) at ``rate`` requests per second: a Poisson process, or bursty
     (``process="gamma"``: gamma-distributed gaps with coefficient of variation ``cv`` > 1)."""
-    if n < 0 or not (rate > 0 and math.isfinite(rate)) or not cv > 0:
-        raise ValueError(f"need n >= 0, a finite rate > 0 and cv > 0; got n={n}, rate={rate}, cv={cv}")
+    if not (_whole(n) and n >= 0) or not (_finite(rate) and rate > 0) or not (_finite(cv) and cv > 0):
+        raise ValueError(f"need a whole n >= 0, a finite rate > 0 and a finite cv > 0; got n={n!r}, rate={rate!r}, "
+                         f"cv={cv!r}")
     rng = random.Random(seed)
     t, out = 0.0, []
     for _ in range(n):
@@ -75,15 +78,56 @@ LONG_DOC = {"input": (8000, 0.5, 2048, 32768), "output": (300, 0.6, 16, 1024)}
 
 def _lognormal(rng, spec):
     median, sigma, low, high = spec
-    import math
-
     return int(min(high, max(low, round(rng.lognormvariate(math.log(median), sigma)))))
+
+
+def _whole(value) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def _finite(value) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_mix(mix) -> None:
+    """Raise ValueError, saying what to change, unless ``mix`` is ((name, lengths, share), ...): distinct
+    names, ``lengths`` {"input": spec, "output": spec} with each spec (median > 0, sigma >= 0, low, high)
+    and whole 1 <= low <= high tokens, and shares finite and >= 0 with a positive sum (a share is a
+    weight: shares 3 and 1 draw three requests of the first kind for one of the second)."""
+    how = "mix must be ((name, {'input': spec, 'output': spec}, share), ...) like (('chat', CHAT, 1.0),)"
+    if isinstance(mix, (str, bytes)) or not isinstance(mix, Sequence) or not mix:
+        raise ValueError(f"{how}; got {mix!r}")
+    for m in mix:
+        if isinstance(m, (str, bytes)) or not isinstance(m, Sequence) or len(m) != 3:
+            raise ValueError(f"{how}; got the entry {m!r}")
+        name, lengths, share = m
+        if not (_finite(share) and share >= 0):
+            raise ValueError(f"mix {name!r}: share must be a finite weight >= 0, got {share!r}")
+        if not (isinstance(lengths, Mapping) and {"input", "output"} <= set(lengths)):
+            raise ValueError(f"mix {name!r}: lengths must be a dict with 'input' and 'output' specs, got {lengths!r}")
+        for k in ("input", "output"):
+            spec = lengths[k]
+            ok = isinstance(spec, Sequence) and len(spec) == 4
+            if ok:
+                median, sigma, low, high = spec
+                ok = (_finite(median) and median > 0 and _finite(sigma) and sigma >= 0 and _whole(low)
+                      and _whole(high) and 1 <= low <= high)
+            if not ok:
+                raise ValueError(f"mix {name!r}: {k} lengths must be (median > 0, sigma >= 0, low, high) with whole "
+                                 f"1 <= low <= high tokens, got {spec!r}")
+    names = [m[0] for m in mix]
+    if len(set(names)) != len(names):
+        raise ValueError(f"mix names must be distinct (each request's kind is its name), got {names}")
+    if not sum(m[2] for m in mix) > 0:
+        raise ValueError(f"mix shares must not all be 0: no kind could be drawn; got {[m[2] for m in mix]}")
 
 
 def requests(n: int, rate: float, *, mix=(("chat", CHAT, 1.0),), process: str = "poisson", cv: float = 1.0,
              seed: int = 0) -> list[dict]:
     """``n`` requests {"id", "arrival", "kind", "input", "output"} arriving at ``rate`` per second, of the
-    kinds in ``mix`` ((name, lengths, share), ...), lengths drawn per kind."""
+    kinds in ``mix`` ((name, lengths, share), ...; see ``check_mix``), each kind drawn with probability
+    its share over the sum of shares, its lengths then drawn from its specs."""
+    check_mix(mix)
     times = arrival_times(n, rate, process=process, cv=cv, seed=seed)
     rng = random.Random(seed + 1)
     names = [m[0] for m in mix]

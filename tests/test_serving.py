@@ -40,6 +40,42 @@ def test_arrivals_and_requests_are_seeded():
         workloads.arrival_times(3, 1.0, process="uniform")
 
 
+def test_mix_shares_are_weights_and_bad_mixes_are_refused():
+    """A kind is drawn with probability share / sum of shares: 3 to 1 gives about 75% of the first kind; a
+    share of 0 never draws its kind. Negative or NaN shares, shares that sum to 0, bad length specs,
+    repeated names and counts that are not whole are refused, saying what to change."""
+    kinds = Counter(r["kind"] for r in workloads.requests(4000, 1.0, mix=(("a", workloads.CHAT, 3), ("b", workloads.CHAT, 1))))
+    assert 0.72 < kinds["a"] / 4000 < 0.78 and kinds["a"] + kinds["b"] == 4000
+    only = workloads.requests(200, 1.0, mix=(("a", workloads.CHAT, 0.0), ("b", workloads.LONG_DOC, 2.0)))
+    assert {r["kind"] for r in only} == {"b"} and min(r["input"] for r in only) >= workloads.LONG_DOC["input"][2]
+    lists = (["chat", {"input": [600, 0.8, 16, 4096], "output": [200, 0.7, 4, 1024]}, 1],)  # as JSON gives it back
+    assert workloads.requests(50, 1.0, mix=lists) == workloads.requests(50, 1.0)
+    assert all(isinstance(r["input"], int) and isinstance(r["output"], int) for r in only)
+    for share in (-1.0, math.nan, math.inf, "1", None, True):
+        with pytest.raises(ValueError, match=rf"^mix 'b': share must be a finite weight >= 0, got {re.escape(repr(share))}$"):
+            workloads.requests(5, 1.0, mix=(("a", workloads.CHAT, 1.0), ("b", workloads.LONG_DOC, share)))
+    with pytest.raises(ValueError, match=r"^mix shares must not all be 0: no kind could be drawn; got \[0, 0.0\]$"):
+        workloads.requests(5, 1.0, mix=(("a", workloads.CHAT, 0), ("b", workloads.CHAT, 0.0)))
+    with pytest.raises(ValueError, match=r"^mix names must be distinct \(each request's kind is its name\), got \['a', 'a'\]$"):
+        workloads.requests(5, 1.0, mix=(("a", workloads.CHAT, 1), ("a", workloads.LONG_DOC, 1)))
+    for spec in [(0, 0.8, 16, 4096), (600, -0.1, 16, 4096), (600, 0.8, 0, 4096), (600, 0.8, 16, 15), (600, 0.8, 1.5, 4),
+                 (600, 0.8, 16), (600, math.nan, 16, 4096), "600"]:
+        with pytest.raises(ValueError, match=rf"^mix 'a': output lengths must be \(median > 0, sigma >= 0, low, high\) "
+                                             rf"with whole 1 <= low <= high tokens, got {re.escape(repr(spec))}$"):
+            workloads.requests(5, 1.0, mix=(("a", {"input": workloads.CHAT["input"], "output": spec}, 1.0),))
+    with pytest.raises(ValueError, match=r"^mix 'a': lengths must be a dict with 'input' and 'output' specs, got"):
+        workloads.requests(5, 1.0, mix=(("a", {"input": workloads.CHAT["input"]}, 1.0),))
+    for mix in [(), "chat", ("chat", workloads.CHAT, 1.0), [("chat", workloads.CHAT)], None]:
+        with pytest.raises(ValueError, match=r"^mix must be \(\(name, \{'input': spec, 'output': spec\}, share\), \.\.\.\)"):
+            workloads.requests(5, 1.0, mix=mix)
+    for n, rate, cv in [(2.5, 1.0, 1.0), (-1, 1.0, 1.0), (True, 1.0, 1.0), (3, 0.0, 1.0), (3, "1", 1.0), (3, 1.0, math.nan),
+                        (3, 1.0, 0.0)]:
+        with pytest.raises(ValueError, match=r"^need a whole n >= 0, a finite rate > 0 and a finite cv > 0; got "
+                                             rf"n={re.escape(repr(n))}, rate={re.escape(repr(rate))}, cv={re.escape(repr(cv))}$"):
+            workloads.arrival_times(n, rate, cv=cv)
+    assert workloads.requests(0, 1.0) == [] and len(workloads.requests(np.int64(3), np.float64(2.0))) == 3
+
+
 # ---------------------------------------------------------------------------- invariants of a run
 
 def check_accounting(reqs, res):
@@ -283,13 +319,26 @@ def test_bad_configuration_and_requests_are_rejected():
         serving.simulate([{"id": 0, "arrival": 0.0, "input": 6, "output": 5}], COST, serving.Policy(kv_capacity=10))
     exact = [{"id": 0, "arrival": 0.0, "input": 6, "output": 4}]
     assert serving.simulate(exact, COST, serving.Policy(kv_capacity=10))[0]["preemptions"] == 0  # exactly fits
-    for r in ({"id": 0, "arrival": 0.0, "input": 0, "output": 3}, {"id": 0, "arrival": 0.0, "input": 3, "output": 0}):
-        with pytest.raises(ValueError, match=r"^request 0: input and output must be at least 1 token$"):
-            serving.simulate([r], COST, serving.Policy())
+    for k, v in [("input", 0), ("output", 0), ("output", -2)]:
+        with pytest.raises(ValueError, match=rf"^request 0: {k} must be at least 1 token, got {v}$"):
+            serving.simulate([{"id": 0, "arrival": 0.0, "input": 3, "output": 3} | {k: v}], COST, serving.Policy())
     serving.simulate([{"id": 0, "arrival": 0.0, "input": 1, "output": 1}], COST, serving.Policy())
     for t in (-1.0, math.inf):
         with pytest.raises(ValueError, match=r"^request 7: arrival .* must be a finite time >= 0 \(seconds\); a NaN"):
             serving.simulate([{"id": 7, "arrival": t, "input": 3, "output": 3}], COST, serving.Policy())
+    for k, v in [("input", 1.9), ("input", 2.0), ("output", True), ("output", "3"), ("input", None)]:
+        with pytest.raises(ValueError, match=rf"^request 4: {k} must be a whole number of tokens, got "
+                                             rf"{re.escape(repr(v))}: round lengths before simulating"):
+            serving.simulate([{"id": 4, "arrival": 0.0, "input": 3, "output": 3} | {k: v}], COST, serving.Policy())
+    assert serving.simulate([{"id": 4, "arrival": 0.0, "input": np.int64(3), "output": 2}], COST,
+                            serving.Policy())[0]["input"] == 3  # a numpy integer is a whole number
+    for r, missing in [({"arrival": 0.0, "input": 3, "output": 3}, "['id']"), ({"id": 1, "input": 3}, "['arrival', 'output']"),
+                       ((1, 0.0, 3, 3), "['id', 'arrival', 'input', 'output']")]:
+        with pytest.raises(ValueError, match=rf"^request #1 \(.*\) lacks {re.escape(missing)}: each request is a dict"):
+            serving.simulate([{"id": 0, "arrival": 0.0, "input": 3, "output": 3}, r], COST, serving.Policy())
+    for t in ("1", True, None):
+        with pytest.raises(ValueError, match=r"^request 5: arrival .* must be a finite time >= 0"):
+            serving.simulate([{"id": 5, "arrival": t, "input": 3, "output": 3}], COST, serving.Policy())
     twice = [{"id": 3, "arrival": 0.0, "input": 3, "output": 3}] * 2
     with pytest.raises(ValueError, match=r"^request ids must be unique: each result is reported under its request's id$"):
         serving.simulate(twice, COST, serving.Policy())
@@ -331,9 +380,10 @@ def test_bad_costs_and_times_are_rejected_not_simulated():
 
 def test_a_stuck_engine_fails_loudly_instead_of_spinning(monkeypatch):
     """If the engine ever stops moving (here: a wake-up that does not move the clock), the run raises.
-    Loop turns: 1 queues request 0; 2 to 5 change nothing (the 4th unchanged turn in a row, turn 6,
-    raises before waking): five wake-ups. The patched wake-up gives up after 100 (a guard that never fires
-    must fail this test, not hang it)."""
+    Loop turns: turn 1 queues request 0 (an arrival: progress seen at turn 2's check); turns 2 to 6 wake
+    up without progress; turn 7's check counts 5 turns without progress, more than the limit of
+    STALL_LIMIT 3 + 1 queue + 0 tokens to recompute = 4, and raises before waking: six wake-ups. The
+    patched wake-up gives up after 100 (a guard that never fires must fail this test, not hang it)."""
     calls = []
 
     def stuck(self):
@@ -343,9 +393,26 @@ def test_a_stuck_engine_fails_loudly_instead_of_spinning(monkeypatch):
 
     monkeypatch.setattr(simulate_module._Engine, "wake_time", stuck)
     reqs = [{"id": 0, "arrival": 0.0, "input": 4, "output": 1}, {"id": 1, "arrival": 1.0, "input": 4, "output": 1}]
-    with pytest.raises(RuntimeError, match=r"^the simulation made no progress at t=0.000000 s with 0 running and 1 queued$"):
+    with pytest.raises(RuntimeError, match=r"^the simulation made no progress in 5 loop turns \(no arrival, no token, "
+                                           r"no prompt token prefilled for the first time\) at t=0.000000 s: 0 running; "
+                                           r"1 queued; 0 of 2 done; 0 tokens of KV in use \(unbounded\); a bug in the "
+                                           r"engine or the policy, not in the workload$"):
         serving.simulate(reqs, Microsecond(), serving.Policy("static", max_batch=2))
-    assert len(calls) == 5 and simulate_module.STALL_LIMIT == 3
+    assert len(calls) == 6 and simulate_module.STALL_LIMIT == 3
+
+
+def test_the_stuck_state_names_eight_running_requests_and_counts_the_rest():
+    """The error's state lists the first 8 running requests (id, prefilled of target, generated of output)
+    and counts the others; the KV capacity is named."""
+    policy = serving.Policy(kv_capacity=50)
+    reqs = [{"id": i, "arrival": 0.0, "input": 3, "output": 2} for i in range(10)]
+    engine = simulate_module._Engine(simulate_module._requests(reqs, policy), Microsecond(), policy, None)
+    engine.running = engine.requests[:10]
+    engine.running[9].prefilled, engine.running[0].generated, engine.kv_in_use = 2, 1, 7
+    listed = ", ".join(f"{i} (prefilled 0/3, generated {int(i == 0)}/2)" for i in range(8))
+    assert engine.state() == f"10 running: {listed} and 2 more; 0 queued; 0 of 10 done; 7 tokens of KV in use (of 50)"
+    engine.running = engine.requests[:8]
+    assert engine.state().startswith(f"8 running: {listed}; 0 queued")
 
 
 def test_an_empty_step_is_an_error_not_a_tick(monkeypatch):
@@ -382,9 +449,10 @@ def test_percentiles_by_hand():
     assert serving.percentile(xs, 10) == pytest.approx(14.0)  # rank 0.4
     assert serving.percentile([1, 2, 3, 4], 50) == 2.5 and serving.percentile([5], 99) == 5
     assert math.isnan(serving.percentile([], 50)) and math.isnan(serving.percentile([math.nan], 50))
-    for p in (-1, 100.5, math.nan):
-        with pytest.raises(ValueError, match=r"^p must be a percentile between 0 and 100, got"):
+    for p in (-50, -1, -1e-9, 100.5, 100 + 1e-9, math.nan, math.inf, "50", True, None):
+        with pytest.raises(ValueError, match=rf"^p must be a percentile between 0 and 100, got {re.escape(repr(p))}$"):
             serving.percentile(xs, p)
+    assert serving.percentile(xs, np.float64(50)) == 30.0 and serving.percentile(xs, np.int64(100)) == 50.0
 
 
 @settings(max_examples=200, deadline=None)
@@ -413,14 +481,22 @@ def test_goodput_counts_only_requests_within_their_slos():
     assert serving.goodput(res, 0.2, 0.02) == pytest.approx(101 / 2.0)
     assert serving.goodput(res, 1.0, 1.0, kind="a") == pytest.approx(150 / 2.0)
     assert serving.goodput(res, 0.5, 0.05) == pytest.approx(181 / 2.0)  # both limits inclusive
-    assert math.isnan(serving.goodput([], 1.0, 1.0))
+    with pytest.raises(ValueError, match=r"^goodput of no requests: a run's tokens/s needs its span, from the first "
+                                         r"arrival to the last finish; simulate at least one request$"):
+        serving.goodput([], 1.0, 1.0)
+    assert serving.goodput(res, 1.0, 1.0, kind="c") == 0.0  # a kind with no request: none met its SLOs
+    assert serving.goodput(res, math.inf, math.inf) == pytest.approx(181 / 2.0)  # no limit: every token counts
     short = [{"kind": "a", "arrival": 0.0, "e2e": 0.5, "ttft": 0.1, "tpot": 0.01, "queue": 0.0, "tokens": 10}]
     assert serving.goodput(short, 1.0, 1.0) == 20.0 and serving.summary(short)["tokens_per_s"] == 20.0  # a span < 1 s
     instant = [{"kind": "a", "arrival": 1.0, "e2e": 0.0, "ttft": 0.0, "tpot": math.nan, "queue": 0.0, "tokens": 1}]
     assert math.isnan(serving.goodput(instant, 1.0, 1.0)) and math.isnan(serving.summary(instant)["tokens_per_s"])
-    for slos in [(0.0, 0.02), (0.2, 0.0), (math.nan, 0.02)]:
-        with pytest.raises(ValueError, match=r"^SLOs must be positive seconds, got TTFT"):
+    for slos in [(0.0, 0.02), (0.2, 0.0), (-0.2, 0.02), (math.nan, 0.02), (0.2, math.nan), ("0.2", 0.02), (0.2, True),
+                 (None, 0.02)]:
+        with pytest.raises(ValueError, match=rf"^SLOs must be positive seconds, got TTFT {re.escape(repr(slos[0]))} "
+                                             rf"and TPOT {re.escape(repr(slos[1]))}$"):
             serving.goodput(res, *slos)
+        with pytest.raises(ValueError, match=r"^SLOs must be positive seconds"):
+            serving.goodput([], *slos)  # the SLOs are checked first, whatever the results
 
 
 # ---------------------------------------------------------------------------- the cost model

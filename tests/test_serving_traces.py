@@ -12,11 +12,14 @@ Chapters: 6.
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
 
 from lib import serving
+
+simulate_module = importlib.import_module("lib.serving.simulate")  # the module, which the function's name hides
 
 NAN = math.nan
 
@@ -417,3 +420,69 @@ def test_a_held_bucket_does_not_hold_back_the_buckets_after_it():
     res, trace, _ = run(reqs, serving.Policy("continuous", buckets=buckets))
     assert [(s["start"], s["prefill"]) for s in trace] == [(0.0, {1: 10}), (11.0, {0: 4}), (100.0, {2: 4})]
     assert [r["queue"] for r in res] == [11.0, 0.0, 0.0]
+
+
+def test_a_readmitted_request_holds_its_kv_once_by_hand():
+    """Two requests at 0 s, 10 + 80 and 10 + 60 tokens, kv_capacity 100. Alone, request 1 needs at most
+    10 + 59 = 69 tokens of KV: once request 0 has finished it must never be pre-empted again.
+
+    step 1 [0, 21]:    prefill both (20 tokens); both yield: KV 11 + 11 = 22
+    steps 2 to 41:     decode both (3 s each); after step k each holds 10 + k: KV 100 fits after step 40,
+                       102 after step 41 [138, 141]: request 1 (the higher id of two admitted together) is
+                       pre-empted with 41 tokens generated; KV 51
+    steps 42 to 80:    request 1 needs 51 + 51 + 1 = 103 > 100 and waits; request 0 decodes alone (2 s each)
+                       from 41 to 80 tokens and leaves at 141 + 39 x 2 = 219; KV 0
+    step 81 [219, 271]: request 1 prefills its 10 + 41 tokens again (52 s) and yields its 42nd: KV 52
+    steps 82 to 99:    it decodes its last 18 tokens alone (2 s each), holding at most 10 + 59 = 69,
+                       and leaves at 271 + 36 = 307
+    With chunks of 8 the prompts go in as 8 then 2 (steps [0, 17] and [17, 22]), everything after is 1 s
+    later, and request 1's recomputation takes 6 chunks of 8 and one of 3 (52 s + 6 s of steps)."""
+    two = [req(0, 0, 10, 80), req(1, 0, 10, 60)]
+    for chunk, first, pre, leave0, leave1, steps in [(None, 21.0, 40, 219.0, 307.0, 99), (8, 22.0, 41, 220.0, 314.0, 106)]:
+        res, trace, _ = run(two, serving.Policy("continuous", kv_capacity=100, chunk=chunk))
+        assert len(trace) == steps
+        assert [i for i, s in enumerate(trace) if s["preempted"]] == [pre] and trace[pre]["preempted"] == [1]
+        assert (trace[pre]["end"], trace[pre]["kv"], trace[pre - 1]["kv"]) == (first + 40 * 3, 51, 100)
+        done0 = next(i for i, s in enumerate(trace) if s["finished"] == [0])
+        assert trace[done0]["end"] == leave0 and trace[done0]["kv"] == 0
+        after = trace[done0 + 1:]
+        assert not any(s["preempted"] for s in after) and max(s["kv"] for s in after) == 69
+        assert sum(s["prefill"].get(1, 0) for s in after) == 51  # its prompt and 41 tokens, once
+        assert [(r["preemptions"], r["ttft"], r["e2e"], r["tokens"]) for r in res] == [
+            (0, first, leave0, 80), (1, first, leave1, 60)]
+
+
+def test_a_policy_that_recomputes_forever_is_stopped_by_hand(monkeypatch):
+    """A planted bug: admission that ignores the KV capacity. With chunks of 2, prefill_first and
+    kv_capacity 8, two requests of 4 + 4 tokens (0 at 0 s, 1 at 0.5 s) then loop: request 1 prefills 2
+    tokens, then 2 more, overflows, is pre-empted and admitted again, while the clock moves on.
+
+    turn 1 [0, 3]:   0 prefills 2; KV 2
+    turn 2 [3, 8]:   0 prefills its last 2 and yields, 1 prefills 2: KV 4 + 1 + 2 = 7
+    turn 3 [8, 11]:  1 prefills its last 2 and yields (0's decode waits: prefill_first): KV 10 > 8: 1 is
+                     pre-empted (KV 5), to prefill 4 + 1 tokens, having computed 4
+    turns 4, 5:      1 prefills 2 (KV 7), then 2 more (KV 9): pre-empted again at 4 of 5 tokens, never past
+                     the 4 it had computed: no progress, the same two turns over and over
+    From turn 4 on nothing progresses; the limit is STALL_LIMIT 3 + 1 queue + 4 + 4 tokens the two may
+    recompute = 12, so turn 17's check, the 13th without progress, raises: 16 steps, the last ending at
+    11 + 13 x 3 = 50 s with request 1 at 2 of 5 tokens."""
+
+    def greedy(self):
+        out = []
+        while self.queues[0] and len(self.running) + len(out) < self.policy.max_running:
+            out.append(self.queues[0].popleft())
+        return out
+
+    monkeypatch.setattr(simulate_module._Engine, "admit_continuous", greedy)
+    with pytest.raises(RuntimeError, match=r"^the simulation made no progress in 13 loop turns \(no arrival, no token, "
+                                           r"no prompt token prefilled for the first time\) at t=50.000000 s: 2 running: "
+                                           r"0 \(prefilled 4/4, generated 1/4\), 1 \(prefilled 2/5, generated 1/4\); 0 "
+                                           r"queued; 0 of 2 done; 7 tokens of KV in use \(of 8\); a bug in the engine "
+                                           r"or the policy, not in the workload$"):
+        run([req(0, 0, 4, 4), req(1, 0.5, 4, 4)], serving.Policy("continuous", kv_capacity=8, chunk=2, prefill_first=True))
+    cost, trace = Ticks(), []
+    with pytest.raises(RuntimeError):
+        serving.simulate([req(0, 0, 4, 4), req(1, 0.5, 4, 4)], cost,
+                         serving.Policy("continuous", kv_capacity=8, chunk=2, prefill_first=True), trace=trace)
+    assert len(cost.calls) == 16 and trace[-1]["end"] == 50.0
+    assert [s["preempted"] for s in trace[2:]] == [[1], []] * 7  # turn 3, then every second turn

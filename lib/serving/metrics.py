@@ -10,18 +10,27 @@ Each request is a dict as ``lib.serving.simulate`` returns it: "arrival", "ttft"
 - ``goodput``: the output tokens per second of the requests that met both SLOs (TTFT and TPOT; a request
   of one token has no TPOT and meets that SLO), over the same span.
 
+Arguments are checked: a percentile outside [0, 100], an SLO that is not a positive number of seconds
+(NaN included) and the goodput of no requests are errors, never a number.
+
 Chapters: 6.
 """
 
 from __future__ import annotations
 
 import math
+from numbers import Real
+
+
+def _real(value) -> bool:
+    """A real number (a bool is not one; NaN is, and fails every comparison after)."""
+    return isinstance(value, Real) and not isinstance(value, bool)
 
 
 def percentile(xs, p: float) -> float:
     """The p-th percentile (0 to 100) of ``xs``: with the n values sorted, rank k = (n - 1) p / 100, and
     between the values at floor(k) and ceil(k) a straight line. NaN when ``xs`` has no number."""
-    if not 0 <= p <= 100:
+    if not (_real(p) and 0 <= p <= 100):
         raise ValueError(f"p must be a percentile between 0 and 100, got {p!r}")
     v = sorted(x for x in xs if not math.isnan(x))
     if not v:
@@ -38,12 +47,13 @@ def _span(results: list[dict]) -> float:
 
 def goodput(results: list[dict], ttft_slo: float, tpot_slo: float, kind: str | None = None) -> float:
     """Output tokens per second of the requests (of ``kind``, or all) that met both SLOs (TTFT and TPOT,
-    in seconds), over the span of the whole run: the throughput that counts for users. NaN for no
-    requests."""
-    if not (ttft_slo > 0 and tpot_slo > 0):
-        raise ValueError(f"SLOs must be positive seconds, got TTFT {ttft_slo} and TPOT {tpot_slo}")
+    in seconds), over the span of the whole run: the throughput that counts for users. Of a run with no
+    request there is no span: an error."""
+    if not (_real(ttft_slo) and _real(tpot_slo) and ttft_slo > 0 and tpot_slo > 0):
+        raise ValueError(f"SLOs must be positive seconds, got TTFT {ttft_slo!r} and TPOT {tpot_slo!r}")
     if not results:
-        return math.nan
+        raise ValueError("goodput of no requests: a run's tokens/s needs its span, from the first arrival to the "
+                         "last finish; simulate at least one request")
     span = _span(results)
     good = sum(r["tokens"] for r in results if (kind is None or r["kind"] == kind) and r["ttft"] <= ttft_slo
                and (math.isnan(r["tpot"]) or r["tpot"] <= tpot_slo))

@@ -38,9 +38,20 @@ policy, when a step leaves more KV in use than the capacity, the most recently a
 pre-empted (ties: the higher id) until it fits: its KV is dropped and it goes back to the front of its
 queue, to prefill its prompt and its generated tokens again (recomputation, as vLLM does by default).
 
-The loop never spins: a turn that changes neither the clock nor any count, several times in a row,
-raises ``RuntimeError`` (a bug in the engine or a policy, never a workload), as does a queue that
-nothing can ever admit.
+The loop cannot spin. Progress is counted in tokens, not in time (the clock moves on every step, a
+loop that throws away what it computed included): a loop turn progresses when a request arrives or
+finishes, a token is yielded, or a prompt token is prefilled that its request had never had in its KV
+before (``_Request.computed``, the most tokens of KV it ever held from a prefill; recomputing them after
+a pre-emption is not progress). Each of these counts is bounded (requests, output tokens, prompt plus
+output tokens per request), so a healthy run progresses a bounded number of times. Between two
+progressing turns the engine may only wait for a window (at most one wake-up per queue: pre-emption
+never empties the engine, so waits come before the first step) or recompute KV it had dropped: a step
+that yields nothing only prefills, the first prompt in admission order always gets tokens, and that
+request, if pre-empted, cannot fit again until something progresses; so each unfinished request
+recomputes at most its ``computed`` tokens as the first, one token a step or more. A run with more
+turns without progress than that (plus ``STALL_LIMIT``) raises ``RuntimeError`` naming the state
+(clock, running and queued requests, KV in use): a bug in the engine or a policy, never a workload. So
+every run ends: it finishes, or it stops with that error. A queue that nothing can ever admit raises too.
 
 Metrics, per request (times in seconds): ``ttft`` arrival to first token; ``e2e`` arrival to last token;
 ``tpot`` = (e2e - ttft) / (output - 1) (NaN for one output token); ``itl_max`` the longest gap between
@@ -55,17 +66,20 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from numbers import Integral, Real
 
 from lib.serving.policy import Policy
 
-STALL_LIMIT = 3  # loop turns in a row that may change nothing: one more and the run is declared stuck
+STALL_LIMIT = 3  # loop turns in a row that may change nothing, besides wake-ups and recomputation (see the module)
 
 
 @dataclass
 class _Request:
     """One request's state in the engine. ``target``: the tokens to prefill, its prompt plus, after a
-    pre-emption, the tokens it had generated (their KV is computed again)."""
+    pre-emption, the tokens it had generated (their KV is computed again). ``computed``: the most tokens
+    it ever had prefilled (what a pre-emption may make it compute again)."""
 
     id: int
     arrival: float
@@ -75,6 +89,7 @@ class _Request:
     queue: int
     target: int = 0
     prefilled: int = 0
+    computed: int = 0
     generated: int = 0
     admitted: float = math.nan
     first_admitted: float = math.nan
@@ -137,19 +152,33 @@ class _Step:
         return sum(x.input + x.generated for x in self.decodes)
 
 
+def _whole(value) -> bool:
+    """A whole number (an int or a numpy integer; a bool or a float such as 1.9 or 2.0 is not one)."""
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
 def _requests(reqs, policy: Policy) -> list[_Request]:
     """The requests ({"id", "arrival", "input", "output", "kind" (optional)}) checked and put in their queues."""
     out = []
-    for r in reqs:
-        if r["input"] < 1 or r["output"] < 1:
-            raise ValueError(f"request {r['id']}: input and output must be at least 1 token")
-        if not (math.isfinite(float(r["arrival"])) and float(r["arrival"]) >= 0):
-            raise ValueError(f"request {r['id']}: arrival {r['arrival']!r} must be a finite time >= 0 (seconds); a NaN "
+    for i, r in enumerate(reqs):
+        missing = [k for k in ("id", "arrival", "input", "output") if not (isinstance(r, Mapping) and k in r)]
+        if missing:
+            raise ValueError(f"request #{i} ({r!r}) lacks {missing}: each request is a dict with an 'id', an 'arrival' "
+                             f"(s), an 'input' and an 'output' (tokens), as lib.workloads.requests makes them")
+        for k in ("input", "output"):
+            if not _whole(r[k]):
+                raise ValueError(f"request {r['id']}: {k} must be a whole number of tokens, got {r[k]!r}: round "
+                                 f"lengths before simulating (a fraction of a token is not a token)")
+            if r[k] < 1:
+                raise ValueError(f"request {r['id']}: {k} must be at least 1 token, got {r[k]!r}")
+        arrival = r["arrival"]
+        if not (isinstance(arrival, Real) and not isinstance(arrival, bool) and math.isfinite(arrival) and arrival >= 0):
+            raise ValueError(f"request {r['id']}: arrival {arrival!r} must be a finite time >= 0 (seconds); a NaN "
                              f"or infinite arrival rate upstream gives such times")
         if policy.kv_capacity is not None and r["input"] + r["output"] > policy.kv_capacity:
             raise ValueError(f"request {r['id']} needs {r['input'] + r['output']} tokens of KV, more than the "
                              f"capacity {policy.kv_capacity}: raise kv_capacity or drop the request")
-        out.append(_Request(r["id"], float(r["arrival"]), r.get("kind", ""), int(r["input"]), int(r["output"]),
+        out.append(_Request(r["id"], float(arrival), r.get("kind", ""), int(r["input"]), int(r["output"]),
                             policy.bucket_of(int(r["input"]))))
     if len({x.id for x in out}) != len(out):
         raise ValueError("request ids must be unique: each result is reported under its request's id")
@@ -169,7 +198,10 @@ class _Engine:
         self.now = 0.0
         self.done = 0
         self.kv_in_use = 0  # tokens of KV the running requests hold: the sum of their ``kv``
-        self._last_state, self._stalls = None, 0
+        self.yielded = 0  # tokens yielded, over all requests
+        self.computed = 0  # the sum of every request's ``computed``
+        self.recomputable = 0  # the same over the unfinished requests: the KV a run may have to compute again
+        self._last_progress, self._stalls = None, 0
 
     # ------------------------------------------------------------------ the loop
 
@@ -202,14 +234,33 @@ class _Engine:
         return [x.result(self.policy.bucket_name(x.queue)) for x in sorted(self.requests, key=lambda y: y.id)]
 
     def check_progress(self) -> None:
-        """Fail loudly, never spin: a loop turn that changes neither the clock nor any request's state,
-        several times in a row, is a bug (in the policy's logic or the cost model), not a workload."""
-        state = (self.now, self.done, self.arrived, len(self.running), self.kv_in_use)
-        self._stalls = self._stalls + 1 if state == self._last_state else 0
-        if self._stalls > STALL_LIMIT:
-            raise RuntimeError(f"the simulation made no progress at t={self.now:.6f} s with {len(self.running)} "
-                               f"running and {self.queued} queued")
-        self._last_state = state
+        """Fail loudly, never spin (see the module): count the loop turns in a row in which no request
+        arrived or finished, no token was yielded and no prompt token was prefilled for the first time; more
+        than ``stall_limit`` of them is a bug (in the engine, a policy or the cost model), not a workload."""
+        progress = (self.arrived, self.done, self.yielded, self.computed)  # each only grows
+        self._stalls = self._stalls + 1 if progress == self._last_progress else 0
+        self._last_progress = progress
+        if self._stalls > self.stall_limit:
+            raise RuntimeError(f"the simulation made no progress in {self._stalls} loop turns (no arrival, no token, "
+                               f"no prompt token prefilled for the first time) at t={self.now:.6f} s: {self.state()}; "
+                               f"a bug in the engine or the policy, not in the workload")
+
+    @property
+    def stall_limit(self) -> int:
+        """Loop turns in a row that may pass without progress: a wake-up per queue, ``STALL_LIMIT`` more, and
+        one step per token of KV that a pre-emption may have made the unfinished requests compute again."""
+        return STALL_LIMIT + self.policy.queue_count + self.recomputable
+
+    def state(self) -> str:
+        """The engine's state in words, for an error: running requests (id, prefilled of target, generated of
+        output), queued and done counts, KV in use."""
+        shown = ", ".join(f"{x.id} (prefilled {x.prefilled}/{x.target}, generated {x.generated}/{x.output})"
+                          for x in self.running[:8])
+        shown = f": {shown}" if shown else ""
+        more = f" and {len(self.running) - 8} more" if len(self.running) > 8 else ""
+        cap = "unbounded" if self.policy.kv_capacity is None else f"of {self.policy.kv_capacity}"
+        return (f"{len(self.running)} running{shown}{more}; {self.queued} queued; {self.done} of "
+                f"{len(self.requests)} done; {self.kv_in_use} tokens of KV in use ({cap})")
 
     @property
     def queued(self) -> int:
@@ -348,11 +399,16 @@ class _Engine:
         for x, take in step.prefills:
             x.prefilled += take
             x.prefill_time += dt
+            if x.prefilled > x.computed:  # KV it never had: progress (see check_progress)
+                self.computed += x.prefilled - x.computed
+                self.recomputable += x.prefilled - x.computed
+                x.computed = x.prefilled
             if x.prefilled == x.target:  # the step that completes a prompt yields its next token
                 yielded.append(x)
                 if math.isnan(x.first_token):
                     x.first_token = now
         yielded += step.decodes
+        self.yielded += len(yielded)
         for x in yielded:
             x.generated += 1
             x.token_times.append(now)
@@ -363,6 +419,7 @@ class _Engine:
             x.finish = now
             self.running.remove(x)
             self.kv_in_use -= x.kv
+            self.recomputable -= x.computed
             self.done += 1
 
     def preempt(self) -> list[_Request]:

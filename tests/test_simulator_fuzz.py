@@ -1,0 +1,157 @@
+"""lib.serving.simulate driven through random small configurations (seeded numpy draws): every run ends,
+and what it reports holds.
+
+Each case draws 1 to 6 requests (prompts and outputs of 1 to 24 tokens, arrivals together or apart), a
+policy of any kind (batch and running limits, token budget, chunk, prefill_first, a window, buckets)
+and a KV capacity from exactly the largest request's need to 30 tokens more (or none), and runs under a
+cost model that counts its steps: past ``STEP_LIMIT`` the run is declared spinning and the test fails
+instead of hanging. Checked on every run, against the step trace rebuilt request by request (an oracle
+that does not read the engine's own KV counter):
+
+- the KV the running requests hold, rebuilt from the trace (a prefilled token and a yielded token add
+  one, finishing or a pre-emption drops all), equals the trace's "kv" and never exceeds the capacity;
+- a request that is pre-empted prefills its prompt plus every token it had generated, and nothing more;
+- every request yields exactly its output tokens and finishes once; 0 <= queue <= TTFT <= E2E, and its
+  first and last token times are arrival + TTFT and arrival + E2E.
+
+A planted bug (admission that ignores the KV capacity, so a request can be admitted, overflow and be
+pre-empted over and over) shows the other way a run may end: with the no-progress error.
+
+Chapters: 6.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+from lib import serving
+
+simulate_module = importlib.import_module("lib.serving.simulate")  # the module, which the function's name hides
+
+STEP_LIMIT = 5000  # the cases below finish in at most a few hundred steps
+CASES = 1000
+
+
+class Spinning(Exception):
+    """The run took more than STEP_LIMIT steps."""
+
+
+class CountedCost:
+    """step = a + b x tokens seconds (a, b drawn per case); counts the steps and stops a spinning run."""
+
+    def __init__(self, a: float, b: float):
+        self.a, self.b, self.steps = a, b, 0
+
+    def step(self, tokens, prefill_ctx_work, decode_kv_tokens):
+        self.steps += 1
+        if self.steps > STEP_LIMIT:
+            raise Spinning(f"more than {STEP_LIMIT} steps")
+        return self.a + self.b * tokens
+
+
+def random_case(rng: np.random.Generator):
+    """Requests, a policy and a cost model, drawn from ``rng``."""
+    t, reqs = 0.0, []
+    for i in range(int(rng.integers(1, 7))):
+        t += float(rng.choice([0.0, 0.0, 1e-3, 0.5, 3.0]))
+        reqs.append({"id": int(rng.integers(0, 1000)) * 10 + i, "arrival": t, "kind": "ab"[i % 2],
+                     "input": int(rng.integers(1, 25)), "output": int(rng.integers(1, 25))})
+    need = max(r["input"] + r["output"] for r in reqs)
+    kind = str(rng.choice(["static", "dynamic", "continuous"]))
+    kw = {"max_batch": int(rng.integers(1, 5)), "max_running": int(rng.integers(1, 5)),
+          "token_budget": int(rng.integers(1, 40)), "max_wait": float(rng.choice([0.0, 1e-3, 1.0])),
+          "prefill_first": bool(rng.integers(2)),
+          "kv_capacity": None if rng.random() < 0.2 else need + int(rng.integers(0, 31))}
+    if kind == "continuous":
+        kw["chunk"] = None if rng.random() < 0.3 else int(rng.integers(1, 10))
+        if rng.random() < 0.3:
+            kw["buckets"] = (serving.Bucket("short", int(rng.integers(1, 15)), priority=int(rng.integers(2)),
+                                            max_wait=[None, 0.0, 0.5][int(rng.integers(3))]),
+                             serving.Bucket("long", 10**6, priority=int(rng.integers(2)),
+                                            max_running=[None, 1, 2][int(rng.integers(3))]))
+    cost = CountedCost(float(rng.choice([1e-3, 1.0])), float(rng.choice([0.0, 1e-4, 1.0])))
+    return reqs, serving.Policy(kind, **kw), cost
+
+
+def check_run(reqs, policy, res, trace):
+    """The invariants of the module's docstring, from the trace rebuilt request by request."""
+    by_id = {r["id"]: r for r in reqs}
+    held = defaultdict(int)  # request -> tokens of KV it holds now
+    generated = defaultdict(int)  # request -> tokens yielded so far
+    episode = defaultdict(int)  # request -> tokens prefilled since its last admission
+    token_times = defaultdict(list)
+    for s in trace:
+        for i, take in s["prefill"].items():
+            assert take >= 1
+            held[i] += take
+            episode[i] += take
+            # what it prefills is its prompt plus what it had generated when it was last pre-empted
+            assert episode[i] <= by_id[i]["input"] + generated[i]
+        for i in s["yielded"]:
+            if i in s["prefill"]:  # the step that completes a prompt: exactly the prompt and the tokens before
+                assert episode[i] == by_id[i]["input"] + generated[i]
+            held[i] += 1
+            generated[i] += 1
+            token_times[i].append(s["end"])
+        for i in s["finished"] + s["preempted"]:
+            held[i] = episode[i] = 0
+        assert sum(held.values()) == s["kv"]
+        if policy.kv_capacity is not None:
+            assert s["kv"] <= policy.kv_capacity
+    assert trace[-1]["kv"] == 0
+    assert sorted(r["id"] for r in res) == sorted(by_id)
+    for r in res:
+        q = by_id[r["id"]]
+        assert r["tokens"] == generated[r["id"]] == q["output"]
+        assert sum(s["finished"].count(r["id"]) for s in trace) == 1
+        assert 0 <= r["queue"] <= r["ttft"] <= r["e2e"] and math.isfinite(r["e2e"])
+        assert token_times[r["id"]][0] == pytest.approx(q["arrival"] + r["ttft"])
+        assert token_times[r["id"]][-1] == pytest.approx(q["arrival"] + r["e2e"])
+        assert r["preemptions"] == sum(s["preempted"].count(r["id"]) for s in trace)
+
+
+def test_every_random_run_ends_and_keeps_its_invariants():
+    rng = np.random.default_rng(2024)
+    preempted = 0
+    for case in range(CASES):
+        reqs, policy, cost = random_case(rng)
+        trace = []
+        try:
+            res = serving.simulate(reqs, cost, policy, trace=trace)
+        except Spinning:
+            pytest.fail(f"case {case} spins: {reqs} under {policy}")
+        check_run(reqs, policy, res, trace)
+        assert cost.steps == len(trace)
+        preempted += sum(r["preemptions"] for r in res)
+    assert preempted > 0  # the cases reach pre-emption, where the engine's KV accounting is exercised
+
+
+def test_every_random_run_of_a_planted_livelock_ends(monkeypatch):
+    """Admission that ignores the KV capacity (a policy bug): each run still ends, finished or stopped by the
+    no-progress error, never spinning; some of them do stop with the error."""
+
+    def greedy(self):
+        out = []
+        for qi in self.policy.admission_order():
+            while self.queues[qi] and len(self.running) + len(out) < self.policy.max_running:
+                out.append(self.queues[qi].popleft())
+        return out
+
+    monkeypatch.setattr(simulate_module._Engine, "admit_continuous", greedy)
+    rng = np.random.default_rng(7)
+    stopped = 0
+    for case in range(CASES):
+        reqs, policy, cost = random_case(rng)
+        try:
+            serving.simulate(reqs, cost, policy)
+        except Spinning:
+            pytest.fail(f"case {case} spins: {reqs} under {policy}")
+        except RuntimeError as e:
+            assert str(e).startswith("the simulation made no progress in "), e
+            stopped += 1
+    assert stopped > 0
