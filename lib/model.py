@@ -7,6 +7,14 @@ reproducible. ``prefill`` computes only the tokens from ``start`` on: the K and 
 K and V are written there. With ``start = 0`` it is an ordinary prefill; with one new token, a decode
 step.
 
+Token ids must lie in the vocabulary, [0, vocab): an id outside it is an error, never another token
+(indexing the embedding with -1 would read the last row). Ids held on the host (a list, a tuple, a numpy
+array, a CPU tensor) are always checked, which costs no device synchronisation; ids in a tensor on a GPU
+are checked by value when ``check=True``, which reads them back (a host synchronisation, which a CUDA
+graph cannot capture). Unchecked, an out-of-vocabulary id on a GPU still stops the step: the embedding is
+looked up with ``F.embedding``, which refuses negative ids as well as those past the end (there, as a
+device-side assert).
+
 Sizes: ``CONFIGS["tiny"]`` runs on a CPU in milliseconds; ``CONFIGS["1b"]`` has about 1.1 billion
 parameters for timings on a GPU.
 
@@ -21,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 import lib.kernels  # noqa: F401  (first: it chooses Triton's interpreter without a GPU, before torch imports Triton)
-from lib.kv_pool import KVPool
+from lib.kv_pool import KVPool, integer_ids
 
 
 @dataclass(frozen=True)
@@ -159,6 +167,23 @@ class TinyLlama:
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
+    def _token_ids(self, tokens, check: bool) -> torch.Tensor:
+        """``tokens`` as a one-dimensional integer tensor on the model's device, checked to lie in the vocabulary
+        (see the module: a GPU tensor's values only with ``check``)."""
+        vocab = self.cfg.vocab
+        if not isinstance(tokens, torch.Tensor):
+            return torch.tensor(integer_ids(tokens, "token", vocab, "the vocabulary"), dtype=torch.long,
+                                device=self.device)
+        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+            raise TypeError(f"token ids must be integers, got a tensor of {tokens.dtype}")
+        if tokens.dim() != 1:
+            raise ValueError(f"token ids must be one-dimensional, got a tensor of shape {tuple(tokens.shape)}")
+        if (tokens.device.type == "cpu" or check) and len(tokens):
+            lo, hi = (int(v) for v in torch.aminmax(tokens))  # one read back from a GPU
+            if lo < 0 or hi >= vocab:
+                integer_ids(tokens, "token", vocab, "the vocabulary")  # raises, naming the first id outside it
+        return tokens.to(device=self.device, dtype=torch.long)
+
     def _norm(self, x, weight):
         return F.rms_norm(x, (x.shape[-1],), weight, self.cfg.eps)
 
@@ -185,21 +210,23 @@ class TinyLlama:
         return torch.addmm(x, F.silu(g) * u, L["wd"])
 
     @torch.no_grad()
-    def prefill(self, tokens, pool: KVPool, blocks: list[int], start: int = 0, *, last_only: bool = False) -> torch.Tensor:
+    def prefill(self, tokens, pool: KVPool, blocks: list[int], start: int = 0, *, last_only: bool = False,
+                check: bool = False) -> torch.Tensor:
         """Logits [n - start, vocab] of tokens[start:]; K/V of positions < start are read from the pool.
 
         ``last_only``: only the last token's logits [1, vocab], all a server needs for the first output
         token (the output head then runs once instead of n - start times). ``tokens`` and ``blocks`` may
         be lists or tensors on the model's device; with tensors a prefill has no host synchronisation and
-        can be captured in a CUDA graph."""
+        can be captured in a CUDA graph. ``check=True`` also checks token ids held on a GPU (see the
+        module), at the price of that synchronisation."""
         c = self.cfg
-        n = len(tokens)
+        ids = self._token_ids(tokens, check)
+        n = len(ids)
         bs = pool.block_size
         if not 0 <= start < n:
             raise ValueError(f"start must be in [0, {n}) for {n} tokens, got {start}")
         if len(blocks) < -(-n // bs):
             raise ValueError(f"{n} tokens need {-(-n // bs)} blocks of {bs}, got {len(blocks)}")
-        ids = torch.as_tensor(tokens, device=self.device)
         blk = torch.as_tensor(blocks, device=self.device)
         pos = torch.arange(start, n, device=self.device)
         rows = self._slot_rows(pool, blk[pos // bs], pos % bs)  # where the new tokens' K and V go
@@ -210,7 +237,7 @@ class TinyLlama:
         heads = torch.arange(c.kv_heads, device=self.device)
         gather = (blk[:pages][None, :] * c.kv_heads + heads[:, None]).reshape(-1)
         rope, mask = self._rope_tables(pos), _causal_mask(n - start, n)
-        x = self.embed[ids[start:]]
+        x = F.embedding(ids[start:], self.embed)
         for li, L in enumerate(self.layers):
             q = self._attn_in(li, L, x, rope, pool, rows)
             K = pool.k[li].view(-1, bs * c.head_dim).index_select(0, gather).view(c.kv_heads, -1, c.head_dim)[:, :n]
@@ -228,22 +255,26 @@ class TinyLlama:
         Request b's new token sits at position ``seq_lens[b] - 1`` (``seq_lens`` counts it); its K and V
         are written into the request's blocks (``block_table`` [B, pages], int32) and attention over the
         request's ``seq_lens[b]`` tokens runs in ``lib.kernels.decode_attention``, one launch per layer.
-        ``check=False`` skips the bounds check, which reads the lengths back to the host: without it the step
-        has no host synchronisation and can be captured in a CUDA graph.
+        ``check=False`` skips the checks that read the lengths and the token ids back from a GPU (see the
+        module for the ids): without them the step has no host synchronisation and can be captured in a CUDA
+        graph.
         """
         from lib.kernels import decode_attention as da
 
         bs = pool.block_size
-        ids = torch.as_tensor(tokens, device=self.device)
+        ids = self._token_ids(tokens, check)
         lens = seq_lens.to(device=self.device, dtype=torch.int32)
         table = block_table.to(device=self.device, dtype=torch.int32)
+        if not len(ids) == len(lens) == len(table):
+            raise ValueError(f"a decode step takes one token, one length and one block-table row per request: got "
+                             f"{len(ids)} tokens, {len(lens)} lengths and {len(table)} rows")
         pos = lens.long() - 1
         if check and ((pos < 0).any() or (lens > table.shape[1] * bs).any()):
             raise ValueError("every seq_len must be at least 1 and fit in the request's blocks")
         batch = torch.arange(len(ids), device=self.device)
         rows = self._slot_rows(pool, table[batch, pos // bs].long(), pos % bs)
         rope = self._rope_tables(pos)
-        x = self.embed[ids]
+        x = F.embedding(ids, self.embed)
         plan = None
         for li, L in enumerate(self.layers):
             q = self._attn_in(li, L, x, rope, pool, rows).contiguous()

@@ -2,12 +2,22 @@
 
 Keys. Only full blocks are cached. Block i of a request has the key
 
-    key_i = sha256(key_{i-1} | extra | tokens of block i)
+    key_i = sha256(key_{i-1} | tokens of block i),    key_{-1} = sha256(extra)
 
 chained from the first block, so a key names the whole prefix up to the end of its block, not only the
 block's own tokens: two requests share block i only if they agree on every token before it. ``extra``
 holds what else decides the KV besides the tokens: the weights version, an adapter, the tenant's salt.
 Any difference there gives different keys, and nothing is reused.
+
+Both parts are encoded so that different inputs never give the same bytes. A token id is an integer in
+[0, 2^63), written as 8 bytes: a block of ``block_size`` tokens is always ``8 block_size`` bytes, so
+token boundaries are fixed, and the values themselves are hashed (from a list, a numpy array or a torch
+tensor alike). Floats and bools are refused: a token 1.7 must not key like token 1. ``extra`` is a str,
+bytes, or a tuple of them, with None for a part that is absent (no adapter): each part is written as a
+type tag, its length and its bytes, after the number of parts, so "ab", ("a", "b") and ("ab", None)
+differ, and a str alone keys like the tuple holding it. Anything else (a dict, a list, a number) is
+refused rather than turned into text: the text of a dict is not its content, and two tenants' salts
+must never meet in one key.
 
 Lookup walks the chain from the first block and stops at the first key not cached: the longest cached
 prefix, in whole blocks. The map from key to block is a hash map (as in vLLM); a radix tree over tokens
@@ -30,20 +40,63 @@ import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from lib.kv_pool import KVPool, PoolExhausted
+import numpy as np
+
+from lib.kv_pool import KVPool, PoolExhausted, integer_ids
+
+TOKEN_LIMIT = 2 ** 63  # token ids are integers in [0, TOKEN_LIMIT): they fit 8 bytes
+
+
+def extra_parts(extra) -> tuple:
+    """``extra`` as the tuple of its parts, each checked to be a str, bytes or None (see the module)."""
+    parts = (extra,) if isinstance(extra, (str, bytes)) else extra
+    if not isinstance(parts, tuple):
+        raise TypeError(f"extra must be a str, bytes or a tuple of them (None for an absent part), got "
+                        f"{type(extra).__name__} {extra!r}: name each part, e.g. ('weights-v1', None, 'tenant-a')")
+    for i, part in enumerate(parts):
+        if part is not None and not isinstance(part, (str, bytes)):
+            raise TypeError(f"part {i} of extra is {type(part).__name__} {part!r}: each part must be a str, bytes or "
+                            f"None; write it as a str that says what it is")
+    return parts
+
+
+def extra_digest(extra) -> bytes:
+    """sha256 of ``extra``'s parts, each as a type tag, its length (8 bytes) and its bytes, after their count:
+    the root of a request's key chain."""
+    parts = extra_parts(extra)
+    h = hashlib.sha256(b"lib.prefix_cache extra")
+    h.update(len(parts).to_bytes(8, "little"))
+    for part in parts:
+        if part is None:
+            h.update(b"n")
+            continue
+        data = part.encode("utf-8", "surrogatepass") if isinstance(part, str) else part
+        h.update(b"s" if isinstance(part, str) else b"b")
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.digest()
+
+
+def token_ids(tokens) -> list[int]:
+    """``tokens`` (a list, tuple or iterable of ints, or a one-dimensional integer numpy array or torch
+    tensor) as a list of ints, each checked to lie in [0, ``TOKEN_LIMIT``)."""
+    return integer_ids(tokens, "token", TOKEN_LIMIT)
 
 
 def block_keys(tokens, block_size: int, extra=()) -> list[bytes]:
-    """The chained keys of the full blocks of ``tokens``."""
-    salt = repr(tuple(extra)).encode()
-    keys, parent = [], b""
-    for i in range(len(tokens) // block_size):
-        chunk = tokens[i * block_size:(i + 1) * block_size]
-        h = hashlib.sha256(parent)
-        h.update(salt)
-        h.update(b"|")
-        h.update(",".join(str(int(t)) for t in chunk).encode())
-        parent = h.digest()
+    """The chained keys of the full blocks of ``tokens`` under ``extra`` (see the module)."""
+    if type(block_size) is not int or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    return _chain(token_ids(tokens), block_size, extra)
+
+
+def _chain(ids: list[int], block_size: int, extra) -> list[bytes]:
+    """The keys of checked token ids ``ids``."""
+    data = np.asarray(ids, dtype="<i8").tobytes()
+    width = 8 * block_size
+    keys, parent = [], extra_digest(extra)
+    for i in range(len(ids) // block_size):
+        parent = hashlib.sha256(parent + data[i * width:(i + 1) * width]).digest()
         keys.append(parent)
     return keys
 
@@ -95,10 +148,10 @@ class PrefixCache:
         All or nothing: if the pool cannot hold the request, ``PoolExhausted`` is raised and nothing
         changes. At least one token is always left to compute, so a fully cached prompt still yields logits.
         """
-        tokens = list(tokens)
-        extra = tuple(extra)
+        tokens = token_ids(tokens)
+        extra = extra_parts(extra)
         bs = self.pool.block_size
-        keys = block_keys(tokens, bs, extra)
+        keys = _chain(tokens, bs, extra)
         hits = self.lookup(tokens, extra, keys=keys)
         if hits and len(hits) * bs >= len(tokens):  # keep the last token to compute
             hits = hits[:-1]

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import pytest
 import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from lib.kv_pool import KVPool, PoolExhausted
+from lib.kv_pool import KVPool, PoolExhausted, integer_ids
 
 
 def state(pool):
@@ -89,9 +95,30 @@ def test_allocating_nothing_is_allowed_and_changes_nothing():
     assert state(pool) == before
 
 
-def test_negative_allocation_is_refused():
-    with pytest.raises(ValueError, match="cannot allocate -1 blocks"):
-        KVPool(2, 1, storage=False).allocate(-1)
+@pytest.mark.parametrize("bad", [-1, 1.5, 2.0, True, "2", None])
+def test_allocating_anything_but_a_count_is_refused(bad):
+    pool = KVPool(2, 1, storage=False)
+    before = state(pool)
+    with pytest.raises(ValueError, match=f"^blocks to allocate must be a non-negative int, got {re.escape(repr(bad))}$"):
+        pool.allocate(bad)
+    assert state(pool) == before
+
+
+@pytest.mark.parametrize("bad", [-1, 2.0, True, "16"])
+def test_blocks_for_takes_a_token_count(bad):
+    with pytest.raises(ValueError, match="^tokens must be a non-negative int"):
+        KVPool(4, 16, storage=False).blocks_for(bad)
+
+
+def test_numpy_integers_are_counts_and_block_numbers():
+    pool = KVPool(4, 2, storage=False)
+    assert pool.blocks_for(np.int64(5)) == 3
+    blocks = pool.allocate(np.int32(2))
+    assert blocks == [0, 1]
+    pool.incref(np.array(blocks))
+    assert pool.decref(torch.tensor(blocks)) == [] and pool.decref([np.int64(0), np.int16(1)]) == [0, 1]
+    pool.free(np.array([1, 0], dtype=np.uint8))
+    assert pool.free_count == 4 and all(type(b) is int for b in pool.allocate(4))
 
 
 def test_exhaustion_is_all_or_nothing_and_says_what_to_do():
@@ -136,12 +163,19 @@ def test_decref_returns_the_blocks_that_reach_zero_in_order():
     assert pool.decref([blocks[1], blocks[2]]) == [blocks[1], blocks[2]]
 
 
-def test_a_block_listed_twice_loses_two_references():
-    pool = KVPool(2, 1, storage=False)
-    [b] = pool.allocate(1)
+@pytest.mark.parametrize("op", ["incref", "decref", "free"])
+def test_a_block_named_twice_in_one_call_is_refused_and_changes_nothing(op):
+    """Each call names each block once: a request holds a block once, and a block freed twice in one call
+    would sit twice in the free list."""
+    pool = KVPool(4, 1, storage=False)
+    a, b = pool.allocate(2)
     pool.incref([b])
-    assert pool.decref([b, b]) == [b]
-    assert pool.refs[b] == 0
+    pool.decref([a])  # a: allocated, no references; b: two
+    before = state(pool)
+    with pytest.raises(ValueError, match=r"^blocks \[1, 0, 1\] name a block twice: name each block once per call \(a "
+                       r"block freed twice would be handed to two requests\)$"):
+        getattr(pool, op)([b, a, b])
+    assert state(pool) == before
 
 
 def test_dropping_a_reference_nobody_holds_is_refused_and_changes_nothing():
@@ -149,12 +183,10 @@ def test_dropping_a_reference_nobody_holds_is_refused_and_changes_nothing():
     a, b = pool.allocate(2)
     pool.decref([a])  # a: allocated, 0 references
     before = state(pool)
-    with pytest.raises(ValueError, match="^block 0 holds 0 references, fewer than the 1 to drop: a request drops each "
-                       "reference it took once$"):
+    with pytest.raises(ValueError, match="^block 0 holds no reference to drop: a request drops each reference it "
+                       "took once$"):
         pool.decref([b, a])  # b must keep its reference: nothing changes
-    with pytest.raises(ValueError, match="block 1 holds 1 references, fewer than the 2 to drop"):
-        pool.decref([b, b])
-    with pytest.raises(ValueError, match="block 2 holds 0 references"):
+    with pytest.raises(ValueError, match="^block 2 holds no reference to drop"):
         pool.decref([2])  # a free block
     assert state(pool) == before
 
@@ -209,3 +241,186 @@ def test_block_numbers_outside_the_pool_are_refused(bad):
     with pytest.raises(ValueError, match="not in this pool"):
         pool.is_free(bad)
     assert state(pool) == before  # -1 did not touch the last block
+
+
+@pytest.mark.parametrize("bad", [1.0, 0.5, True, False, "1", None, torch.tensor(1), [1]])
+def test_block_numbers_must_be_ints(bad):
+    """A float is never rounded (1.0 is not block 1) and a bool is not a block number (True would be 1)."""
+    pool = KVPool(3, 1, storage=False)
+    pool.allocate(3)
+    pool.decref([0, 1])
+    before = state(pool)
+    for op in (pool.incref, pool.decref, pool.free):
+        with pytest.raises(TypeError, match=f"^block numbers must be ints, got {re.escape(repr(bad))} "
+                           f"\\({type(bad).__name__}\\) in "):
+            op([2, bad])
+    with pytest.raises(TypeError, match="block numbers must be ints"):
+        pool.is_free(bad)
+    for not_a_list in (2, "12", None):
+        with pytest.raises(TypeError, match=f"^blocks must be a list of block numbers, got {type(not_a_list).__name__} "):
+            pool.free(not_a_list)
+    assert state(pool) == before
+
+
+def test_freeing_block_minus_one_cannot_hand_a_block_in_use_to_a_new_owner():
+    """Worked by hand: in a pool of 4 all held, block 3 is in use. If free([-1]) were taken as block 3 (the
+    last, counted from the end), the next allocation would hand block 3 to a second owner."""
+    pool = KVPool(4, 1, storage=False)
+    pool.allocate(4)
+    pool.decref([0])
+    with pytest.raises(ValueError, match="block -1 is not in this pool"):
+        pool.free([-1])
+    pool.free([0])
+    assert pool.allocate(1) == [0]  # the one block actually freed
+    with pytest.raises(PoolExhausted):
+        pool.allocate(1)  # and nothing else: block 3 stays with its owner
+    assert pool.refs == [1, 1, 1, 1]
+
+
+def test_freeing_a_block_twice_in_one_call_cannot_give_it_to_two_requests():
+    """Worked by hand: with free([0, 0]) accepted, allocate(5) on a pool of 4 would return [1, 2, 3, 0, 0]."""
+    pool = KVPool(4, 1, storage=False)
+    pool.allocate(1)
+    pool.decref([0])
+    with pytest.raises(ValueError, match="name a block twice"):
+        pool.free([0, 0])
+    pool.free([0])
+    with pytest.raises(PoolExhausted, match="asked for 5 blocks of 1 tokens but 4 of 4 are free"):
+        pool.allocate(5)
+    assert pool.allocate(4) == [1, 2, 3, 0]
+
+
+# ---------------------------------------------------------------------------- integer ids
+
+
+@pytest.mark.parametrize("make", [list, tuple, iter, np.array, lambda t: np.array(t, dtype=np.uint8), torch.tensor,
+                                  lambda t: torch.tensor(t, dtype=torch.int32), lambda t: [np.int64(t[0]), np.int8(t[1]), t[2]]])
+def test_integer_ids_from_lists_numpy_and_torch_alike(make):
+    out = integer_ids(make([3, 0, 9]), "token", 10)
+    assert out == [3, 0, 9] and all(type(t) is int for t in out)
+
+
+def test_integer_ids_of_nothing_is_an_empty_list():
+    assert integer_ids([], "token", 1) == [] and integer_ids(np.array([], dtype=np.int64), "token", 1) == []
+
+
+@pytest.mark.parametrize("bad, index, value", [([0, 10], 1, 10), ([-1], 0, -1), (np.array([1, 2, 11]), 2, 11),
+                                               (torch.tensor([5, -3]), 1, -3), ([2 ** 70], 0, 2 ** 70),
+                                               (np.array([2 ** 64 - 1], dtype=np.uint64), 0, 2 ** 64 - 1)])
+def test_integer_ids_outside_the_range_are_refused_by_position(bad, index, value):
+    with pytest.raises(ValueError, match=f"^token {index} is {value}, outside the vocabulary: ids are 0 to 9$"):
+        integer_ids(bad, "token", 10, "the vocabulary")
+    with pytest.raises(ValueError, match=f"^block {index} is {value}, outside the range of block ids: ids are 0 to 9$"):
+        integer_ids(bad, "block", 10)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ([1, 1.7], "but token 1 is 1.7 \\(float\\): pass ints \\(a float or a bool is never taken for an id\\)$"),
+    ([1.0], "but token 0 is 1.0 \\(float\\)"),
+    ([True, 2], "but token 0 is True \\(bool\\)"), ([1, "2"], "but token 1 is '2' \\(str\\)"),
+    ([torch.tensor(1)], "but token 0 is tensor\\(1\\)"),
+    (np.array([1.0, 2.0]), "got an array of float64"), (np.array([True]), "got an array of bool"),
+    (torch.tensor([1.7]), "got a tensor of torch.float32: convert it with .long\\(\\) only if its values are whole ids$"),
+    (torch.tensor([True]), "got a tensor of torch.bool"),
+    ("12", "got the str '12'"), (b"12", "got the bytes b'12'"),
+    (12, "must be a list, tuple or one-dimensional array of ints, got int 12$"),
+])
+def test_integer_ids_refuse_what_is_not_an_integer(bad, message):
+    with pytest.raises(TypeError, match="^token ids must be "):
+        integer_ids(bad, "token", 100)
+    with pytest.raises(TypeError, match=message):
+        integer_ids(bad, "token", 100)
+
+
+@pytest.mark.parametrize("bad", [np.array([[1, 2]]), torch.tensor([[1, 2]]), np.array(3)])
+def test_integer_ids_are_one_dimensional(bad):
+    with pytest.raises(ValueError, match="^token ids must be one-dimensional, got an array of shape"):
+        integer_ids(bad, "token", 100)
+
+
+# ---------------------------------------------------------------------------- a state machine, against a model
+
+
+class PoolAgainstAModel(RuleBasedStateMachine):
+    """Random allocations, references and frees, with bad block numbers mixed in, against a plain model of
+    the pool: the free list (first in, first out) and each block's count. A refused call changes nothing."""
+
+    N = 6
+
+    def __init__(self):
+        super().__init__()
+        self.pool = KVPool(self.N, 1, storage=False)
+        self.free_list = list(range(self.N))
+        self.refs = [0] * self.N
+
+    def refused(self, call, error):
+        before = state(self.pool)
+        with pytest.raises(error):
+            call()
+        assert state(self.pool) == before, "a refused call changed the pool"
+
+    @rule(n=st.integers(0, 8))
+    def allocate(self, n):
+        if n > len(self.free_list):
+            return self.refused(lambda: self.pool.allocate(n), PoolExhausted)
+        got, self.free_list = self.free_list[:n], self.free_list[n:]
+        assert self.pool.allocate(n) == got
+        for b in got:
+            self.refs[b] = 1
+
+    @rule(blocks=st.sets(st.integers(0, N - 1)))
+    def incref(self, blocks):
+        blocks = sorted(blocks)
+        if any(b in self.free_list for b in blocks):
+            return self.refused(lambda: self.pool.incref(blocks), ValueError)
+        self.pool.incref(blocks)
+        for b in blocks:
+            self.refs[b] += 1
+
+    @rule(blocks=st.sets(st.integers(0, N - 1)))
+    def decref(self, blocks):
+        blocks = sorted(blocks)
+        if any(self.refs[b] == 0 for b in blocks):
+            return self.refused(lambda: self.pool.decref(blocks), ValueError)
+        for b in blocks:
+            self.refs[b] -= 1
+        assert self.pool.decref(blocks) == [b for b in blocks if self.refs[b] == 0]
+
+    @rule(blocks=st.sets(st.integers(0, N - 1)))
+    def free(self, blocks):
+        blocks = sorted(blocks)
+        if any(b in self.free_list or self.refs[b] for b in blocks):
+            return self.refused(lambda: self.pool.free(blocks), ValueError)
+        self.pool.free(blocks)
+        self.free_list += blocks
+
+    @rule(op=st.sampled_from(["incref", "decref", "free"]), good=st.lists(st.integers(0, N - 1), max_size=3),
+          bad=st.sampled_from([-1, -N, N, N + 7, "dup", 1.0, True, None]))
+    def bad_block(self, op, good, bad):
+        """Negative, out of range, named twice, or not an int: refused, whatever else the call names."""
+        good = sorted(set(good))
+        if bad == "dup":
+            if not good:
+                return
+            blocks, error = good + good[:1], ValueError
+        else:
+            blocks, error = good + [bad], (ValueError if type(bad) is int else TypeError)
+        self.refused(lambda: getattr(self.pool, op)(blocks), error)
+
+    @precondition(lambda self: self.free_list)
+    @rule()
+    def allocate_bad_count(self):
+        self.refused(lambda: self.pool.allocate(-1), ValueError)
+        self.refused(lambda: self.pool.allocate(1.0), ValueError)
+
+    @invariant()
+    def matches_the_model(self):
+        assert self.pool.refs == self.refs
+        assert list(self.pool._free) == self.free_list
+        assert self.pool.free_count == len(self.free_list)
+        assert [self.pool.is_free(b) for b in range(self.N)] == [b in self.free_list for b in range(self.N)]
+        assert len(set(self.free_list)) == len(self.free_list), "a block sits twice in the free list"
+
+
+PoolAgainstAModel.TestCase.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)
+TestPoolAgainstAModel = PoolAgainstAModel.TestCase

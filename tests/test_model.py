@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -94,3 +95,66 @@ def test_last_only_and_tensor_inputs_give_the_same_logits(model):
     last = model.prefill(torch.tensor(tokens), pool, torch.tensor(blocks), 20, last_only=True)
     assert last.shape == (1, model.cfg.vocab)
     assert torch.allclose(last, full[-1:], rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------- token ids outside the vocabulary
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    ([5, -1, 7], ValueError, "^token 1 is -1, outside the vocabulary: ids are 0 to 96$"),
+    ([5, 97], ValueError, "^token 1 is 97, outside the vocabulary: ids are 0 to 96$"),
+    (torch.tensor([3, 4, -1]), ValueError, "^token 2 is -1, outside the vocabulary"),
+    (torch.tensor([1000], dtype=torch.int32), ValueError, "^token 0 is 1000, outside the vocabulary"),
+    (np.array([1, 2, 200]), ValueError, "^token 2 is 200, outside the vocabulary"),
+    ([1, 1.7], TypeError, "^token ids must be integers, but token 1 is 1.7"),
+    ([2.0, 1], TypeError, "but token 0 is 2.0"), ([True, 1], TypeError, "but token 0 is True"),
+    (torch.tensor([1.0, 2.0]), TypeError, "^token ids must be integers, got a tensor of torch.float32$"),
+    (torch.tensor([True]), TypeError, "got a tensor of torch.bool"),
+    (torch.tensor([[1, 2]]), ValueError, "^token ids must be one-dimensional, got a tensor of shape \\(1, 2\\)$"),
+])
+def test_prefill_refuses_what_is_not_a_token_of_the_vocabulary(model, bad, error, message):
+    """Found: token -1 was embedded as token 96 (the last row). Every id outside [0, vocab), a float or a
+    bool is an error naming the token, and the pool is left as it was."""
+    pool = model.new_pool(4, 4)
+    blocks = pool.allocate(1)
+    k, v = pool.k.clone(), pool.v.clone()
+    with pytest.raises(error, match=message):
+        model.prefill(bad, pool, blocks, 0)
+    with pytest.raises(error, match=message):
+        model.prefill(bad, pool, blocks, 0, check=True)
+    assert torch.equal(pool.k, k) and torch.equal(pool.v, v)
+
+
+def test_decode_refuses_token_ids_outside_the_vocabulary_checked_or_not(model):
+    """Ids on the host are checked whatever ``check`` says: the check costs no device synchronisation."""
+    pool = model.new_pool(4, 4)
+    table = torch.tensor([pool.allocate(1)], dtype=torch.int32)
+    lens = torch.tensor([1], dtype=torch.int32)
+    k = pool.k.clone()
+    for bad in ([-1], [model.cfg.vocab], torch.tensor([-1])):
+        for check in (True, False):
+            with pytest.raises(ValueError, match="^token 0 is .*, outside the vocabulary: ids are 0 to 96$"):
+                model.decode(bad, pool, table, lens, check=check)
+    with pytest.raises(TypeError, match="but token 0 is 3.0"):
+        model.decode([3.0], pool, table, lens)
+    assert torch.equal(pool.k, k)
+
+
+def test_decode_takes_one_token_length_and_row_per_request(model):
+    pool = model.new_pool(4, 4)
+    table = torch.tensor([pool.allocate(1), pool.allocate(1)], dtype=torch.int32)
+    with pytest.raises(ValueError, match="^a decode step takes one token, one length and one block-table row per "
+                       "request: got 1 tokens, 2 lengths and 2 rows$"):
+        model.decode([3], pool, table, torch.tensor([1, 1], dtype=torch.int32))
+
+
+def test_the_first_and_last_ids_of_the_vocabulary_are_tokens(model):
+    """The edges are in: 0 and vocab - 1, as a list, a numpy array or a tensor of any integer type, give the
+    same logits."""
+    tokens = [0, model.cfg.vocab - 1, 5]
+    pool = model.new_pool(4, 4)
+    blocks = pool.allocate(1)
+    want = model.prefill(tokens, pool, blocks, 0)
+    for same in (np.array(tokens), np.array(tokens, dtype=np.uint8), torch.tensor(tokens, dtype=torch.int32),
+                 tuple(tokens)):
+        assert torch.equal(model.prefill(same, pool, blocks, 0), want)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
+
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -94,6 +98,17 @@ class PoolAndCache(RuleBasedStateMachine):
         self.pool = KVPool(12, 2, storage=False)
         self.cache = PrefixCache(self.pool, "lru")
         self.leases = []
+        self.released = []
+
+    def snapshot(self):
+        return (list(self.pool.refs), list(self.pool._free), dict(self.cache.block_of), dict(self.cache.key_of),
+                list(self.cache.evictable), self.cache.lookup_tokens, self.cache.hit_tokens, self.cache.evictions)
+
+    def refused(self, call, error, match):
+        before = self.snapshot()
+        with pytest.raises(error, match=match):
+            call()
+        assert self.snapshot() == before, "a refused call changed the state"
 
     @rule(tokens=st.lists(st.integers(0, 2), min_size=1, max_size=9), salt=st.sampled_from(["a", "b"]))
     def acquire(self, tokens, salt):
@@ -116,7 +131,30 @@ class PoolAndCache(RuleBasedStateMachine):
     @precondition(lambda self: self.leases)
     @rule(i=st.integers(0, 100))
     def release(self, i):
-        self.cache.release(self.leases.pop(i % len(self.leases)))
+        lease = self.leases.pop(i % len(self.leases))
+        self.cache.release(lease)
+        self.released.append(lease)
+
+    @precondition(lambda self: self.released)
+    @rule(i=st.integers(0, 100))
+    def commit_or_release_after_release(self, i):
+        """A released lease's blocks may belong to another request now: committing it would register them
+        under its keys, and releasing it again would drop references it no longer holds."""
+        lease = self.released[i % len(self.released)]
+        self.refused(lambda: self.cache.commit(lease), ValueError, "^this lease was released already: commit")
+        self.refused(lambda: self.cache.release(lease), ValueError, "^this lease was released already$")
+
+    @rule(tokens=st.lists(st.integers(0, 2), max_size=6),
+          bad=st.sampled_from([{"tenant": "a"}, ["a"], 7, ("a", 7), ("a", ("b",)), ("a", ["b"]), bytearray(b"a")]))
+    def acquire_with_a_bad_extra(self, tokens, bad):
+        self.refused(lambda: self.cache.acquire(tokens, bad), TypeError, "extra")
+
+    @rule(tokens=st.lists(st.integers(0, 2), max_size=6), at=st.integers(0, 6),
+          bad=st.sampled_from([-1, 1.0, 1.7, True, "1", None, 2 ** 63]))
+    def acquire_with_a_bad_token(self, tokens, at, bad):
+        tokens = tokens[:at] + [bad] + tokens[at:]
+        self.refused(lambda: self.cache.acquire(tokens, ("a",)), (TypeError, ValueError), "token")
+        self.refused(lambda: self.cache.lookup(tokens, ("a",)), (TypeError, ValueError), "token")
 
     @invariant()
     def counts_add_up(self):
@@ -230,13 +268,13 @@ def test_lookup_finds_the_longest_cached_prefix_without_taking_it():
 
 def test_a_lease_says_what_the_request_holds():
     cache = PrefixCache(KVPool(8, 2, storage=False))
-    first = cache.acquire((t for t in [1, 2, 3, 4, 5]), ["w"])  # any iterables
+    first = cache.acquire((t for t in [1, 2, 3, 4, 5]), "w")  # any iterable of ints; a str is a one-part extra
     assert first.tokens == [1, 2, 3, 4, 5] and first.extra == ("w",)
     assert first.blocks == [0, 1, 2] and first.hit_tokens == 0 and first.committed == 0
     assert first.keys == block_keys([1, 2, 3, 4, 5], 2, ("w",)) and not first.released
     cache.commit(first)
     assert first.committed == 2  # its two full blocks are registered; the partial third is not
-    second = cache.acquire([1, 2, 3, 4, 6, 7], ["w"])
+    second = cache.acquire([1, 2, 3, 4, 6, 7], ("w",))
     assert second.blocks[:2] == [0, 1] and second.hit_tokens == 4 and second.committed == 2
     assert second.blocks[2] not in first.blocks
 
@@ -391,3 +429,122 @@ def test_replay_live_requests_finish_exactly_live_arrivals_later():
     assert two == {"hit_rate": 1 / 6, "hit_tokens": 1, "lookup_tokens": 6, "rejected": 1, "evictions": 1}
     with pytest.raises(ValueError, match="live must be a positive int"):
         prefix_cache.replay(prompts, 4, 1, live=1.5)
+
+
+# ---------------------------------------------------------------------------- what a key takes, and refuses
+
+
+def test_a_dict_salt_is_refused_so_two_tenants_never_share_keys():
+    """Found: a dict salt {"tenant": "A"} was hashed as the text of its keys, ('tenant',), so tenants A and B
+    had the same keys and B hit A's blocks: the leak the salt is there to close."""
+    cache = PrefixCache(KVPool(16, 2, storage=False))
+    for salt in ({"tenant": "A"}, {"tenant": "B"}):
+        with pytest.raises(TypeError, match="^extra must be a str, bytes or a tuple of them .* got dict "):
+            cache.acquire([1, 2, 3, 4, 5], salt)
+        with pytest.raises(TypeError, match="got dict"):
+            block_keys([1, 2, 3, 4], 2, salt)
+    a = cache.acquire([1, 2, 3, 4, 5], ("tenant", "A"))
+    cache.commit(a)
+    cache.release(a)
+    assert cache.acquire([1, 2, 3, 4, 5], ("tenant", "B")).hit_tokens == 0
+    assert cache.acquire([1, 2, 3, 4, 5], ("tenant", "A")).hit_tokens == 4
+    assert (cache.lookup_tokens, cache.hit_tokens) == (15, 4)  # three requests; the refused ones counted nothing
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["a", "b"], "got list"), ({"a"}, "got set"), (7, "got int"), (None, "got NoneType"), (b"a".decode, "got "),
+    (("a", 1), "^part 1 of extra is int 1: each part must be a str, bytes or None"),
+    (("a", ("b",)), "^part 1 of extra is tuple"), (("a", bytearray(b"b")), "^part 1 of extra is bytearray"),
+    ((np.array([1, 2]),), "^part 0 of extra is ndarray"), (("a", 1.0), "^part 1 of extra is float"),
+])
+def test_extra_is_only_str_bytes_or_a_tuple_of_them(bad, message):
+    with pytest.raises(TypeError, match=message):
+        block_keys([1, 2], 1, bad)
+    with pytest.raises(TypeError, match=message):
+        PrefixCache(KVPool(4, 1, storage=False)).acquire([1, 2], bad)
+
+
+def test_extras_are_hashed_canonically():
+    """Length-prefixed and tagged: splitting, joining, or retyping a part gives another key; a str alone is the
+    one-part tuple."""
+    def key(extra):
+        return block_keys([1], 1, extra)[0]
+
+    assert key("ab") == key(("ab",)) and key(b"ab") == key((b"ab",))
+    distinct = ["ab", ("a", "b"), ("ab", ""), ("", "ab"), ("ab", None), (None, "ab"), b"ab", ("a", b"b"), (), ("",),
+                (None,), (b"",), (None, None), ("a,b",), ("('a', 'b')",), ("a|b",), ("\u00e9",), ("e\u0301",),
+                ("\ud800",), ("\ud800\udc00",), ("\U00010000",)]  # a lone surrogate is a str too
+    keys = [key(e) for e in distinct]
+    assert len(set(keys)) == len(distinct)
+
+
+def test_extra_digest_is_the_root_of_the_chain():
+    """key_0 = sha256(extra digest | the first block's ids as 8-byte little-endian integers), worked by hand."""
+    root = hashlib.sha256(b"lib.prefix_cache extra")
+    root.update((3).to_bytes(8, "little"))
+    root.update(b"s" + (3).to_bytes(8, "little") + "w\u00e9".encode())
+    root.update(b"n")
+    root.update(b"b" + (2).to_bytes(8, "little") + b"\x00\xff")
+    assert prefix_cache.extra_digest(("w\u00e9", None, b"\x00\xff")) == root.digest()
+    first = hashlib.sha256(root.digest() + (7).to_bytes(8, "little") + (2 ** 40).to_bytes(8, "little")).digest()
+    second = hashlib.sha256(first + (0).to_bytes(8, "little") + (1).to_bytes(8, "little")).digest()
+    assert block_keys([7, 2 ** 40, 0, 1, 5], 2, ("w\u00e9", None, b"\x00\xff")) == [first, second]
+
+
+@pytest.mark.parametrize("make", [list, np.array, torch.tensor, lambda t: torch.tensor(t, dtype=torch.int32),
+                                  lambda t: np.array(t, dtype=np.uint16), tuple])
+def test_token_arrays_key_by_every_value(make):
+    """Found: numpy or torch arrays of 2,000 ids differing in one gave the same keys. The values are hashed, so
+    the keys agree up to the block holding the difference and differ from it on, whatever holds the ids."""
+    base = [(i * 7919) % 1000 for i in range(2000)]
+    other = list(base)
+    other[1234] += 1
+    a, b = block_keys(make(base), 16, "t"), block_keys(make(other), 16, "t")
+    assert a == block_keys(base, 16, "t")  # lists, tuples, numpy and torch name the same prefix
+    assert len(a) == 125 and a[:77] == b[:77] and not set(a[77:]) & set(b[77:])  # 1234 // 16 == 77
+
+
+@pytest.mark.parametrize("bad, message", [
+    ([1, 1.7], "^token ids must be integers, but token 1 is 1.7 \\(float\\)"),
+    ([1.0, 2], "but token 0 is 1.0"), ([True, 1], "but token 0 is True \\(bool\\)"),
+    ([1, -1], "^token 1 is -1, outside the range of token ids: ids are 0 to 9223372036854775807$"),
+    ([2 ** 63], "^token 0 is 9223372036854775808, outside"), (np.array([0.5, 1.0]), "got an array of float64"),
+    (torch.tensor([1.7, 1.0]), "got a tensor of torch.float32"), (torch.tensor([[1, 2]]), "one-dimensional"),
+    ("1234", "got the str '1234'"), (np.array([1, -2]), "token 1 is -2"),
+])
+def test_token_ids_are_integers_in_range(bad, message):
+    """Found: token 1.7 keyed like token 1. A float (whole or not), a bool, a negative id or one past 8 bytes
+    is refused, from a list, numpy or torch alike."""
+    with pytest.raises((TypeError, ValueError), match=message):
+        block_keys(bad, 1)
+    cache = PrefixCache(KVPool(8, 1, storage=False))
+    with pytest.raises((TypeError, ValueError), match=message):
+        cache.acquire(bad)
+    assert cache.lookup_tokens == 0 and cache.pool.free_count == 8
+
+
+def test_token_ids_in_a_lease_are_ints_from_any_container():
+    cache = PrefixCache(KVPool(8, 2, storage=False))
+    for tokens in ([5, 6, 7], np.array([5, 6, 7]), torch.tensor([5, 6, 7], dtype=torch.int16)):
+        lease = cache.acquire(tokens)
+        assert lease.tokens == [5, 6, 7] and all(type(t) is int for t in lease.tokens)
+        assert lease.keys == block_keys([5, 6, 7], 2)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.0, True, "2", None])
+def test_block_size_of_the_keys_is_a_positive_int(bad):
+    with pytest.raises(ValueError, match=f"^block_size must be a positive int, got {re.escape(repr(bad))}$"):
+        block_keys([1, 2], bad)
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=st.lists(st.integers(0, 2), max_size=8), b=st.lists(st.integers(0, 2), max_size=8), bs=st.integers(1, 3),
+       ea=st.lists(st.sampled_from(["", "a", "b", "ab", b"a", b"", None]), max_size=3),
+       eb=st.lists(st.sampled_from(["", "a", "b", "ab", b"a", b"", None]), max_size=3))
+def test_keys_agree_exactly_when_the_prefix_and_the_extra_agree(a, b, bs, ea, eb):
+    """An oracle: block i's keys are equal if and only if the tokens up to the end of block i and the extras'
+    parts are equal (a str is never equal to bytes)."""
+    ka, kb = block_keys(a, bs, tuple(ea)), block_keys(b, bs, tuple(eb))
+    same_extra = len(ea) == len(eb) and all(type(x) is type(y) and x == y for x, y in zip(ea, eb))
+    for i in range(min(len(ka), len(kb))):
+        assert (ka[i] == kb[i]) == (same_extra and a[: (i + 1) * bs] == b[: (i + 1) * bs])
