@@ -28,7 +28,8 @@ def book(tmp_path_factory):
     for nb in CHAPTERS:
         results.write(results.path_for(nb, "cpu", root / "results"), {
             "schema": results.SCHEMA, "notebook": nb, "params": {"size": "smoke"},
-            "code": fingerprint.fingerprint(nb, root), "provenance": {"name": "cpu", "kind": "cpu"}, "data": {}})
+            "code": fingerprint.fingerprint(nb, root), "data": {},
+            "provenance": {"name": "cpu", "kind": "cpu", "slug": "cpu", "date": "2026-01-01T00:00:00Z"}})
     return root
 
 

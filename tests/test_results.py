@@ -52,7 +52,8 @@ def test_replay_of_the_reference_set_is_strict(repo):
     results.write(repo / "results" / results.REFERENCE / "exp.json", {
         "schema": results.SCHEMA, "notebook": "exp", "params": {"size": "full", "n": 1},
         "code": fingerprint.fingerprint("exp", repo),
-        "provenance": {"name": "GPU", "kind": "cuda", "date": "2026-01-01T00:00:00Z"}, "data": {"x": 2},
+        "provenance": {"name": "NVIDIA H200", "kind": "cuda", "slug": "nvidia-h200", "date": "2026-01-01T00:00:00Z"},
+        "data": {"x": 2},
     })
     r = Run("exp", mode="replay", root=repo)
     assert r.strict and r.size == "full" and r.device == "cuda"
@@ -176,9 +177,9 @@ def test_measuring_on_a_missing_gpu_fails_clearly(repo):
 def test_failed_write_keeps_the_old_file(tmp_path):
     path = tmp_path / "r.json"
     results.write(path, {"a": 1})
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"r\.json was not written: a holds nan"):
         results.write(path, {"a": float("nan")})  # not valid JSON: refused before touching the file
-    assert json.loads(path.read_text()) == {"a": 1}
+    assert json.loads(path.read_text()) == {"a": 1, "digest": results.digest({"a": 1})}
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
 
 
@@ -196,7 +197,10 @@ WRITER = textwrap.dedent("""
 
 
 def test_killed_writer_leaves_the_old_file_intact(tmp_path):
-    path, marker = tmp_path / "r.json", tmp_path / "writing"
+    """A writer killed mid-write leaves the old file whole; its temporary and lock files are reported by
+    ``audit`` (check-fresh) until the next write of the file deletes them."""
+    folder, marker = tmp_path / "cpu", tmp_path / "writing"
+    path = folder / "r.json"
     results.write(path, {"version": "old"})
     script = WRITER.format(root=str(ROOT), marker=str(marker), path=str(path))
     proc = subprocess.Popen([sys.executable, "-c", script])
@@ -206,17 +210,20 @@ def test_killed_writer_leaves_the_old_file_intact(tmp_path):
             assert proc.poll() is None, "the writer exited before it was killed"
             assert time.time() < deadline, "the writer never reached its write"
             time.sleep(0.01)
-        temps = [p for p in tmp_path.iterdir() if p.name.startswith(".r.json.")]
+        temps = [p for p in folder.iterdir() if p.name.endswith(".tmp")]
         assert len(temps) == 1 and temps[0].stat().st_size > 1_000_000  # mid-write: new data on disk
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert json.loads(path.read_text()) == {"version": "old"}
-    # the next write succeeds and replaces the file whole
+    assert json.loads(path.read_text())["version"] == "old"
+    left = [(kind, p.name) for kind, p, _ in results.audit(tmp_path, ROOT)]
+    assert left == [("damaged", "r.json"), ("leftover", temps[0].name), ("leftover", ".r.json.lock")]  # not a record
+    # the next write succeeds, replaces the file whole, and deletes what the killed writer left
     results.write(path, {"version": "newer"})
-    assert json.loads(path.read_text()) == {"version": "newer"}
+    assert json.loads(path.read_text())["version"] == "newer"
+    assert [p.name for p in folder.iterdir()] == ["r.json"]
 
 
 def test_show_paths_relative_to_the_repository():

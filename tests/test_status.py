@@ -46,8 +46,9 @@ def test_every_headline_is_glued_by_its_chapter():
 def test_devices_side_by_side_with_ratios(tmp_path):
     res = tmp_path / "results"
     shutil.copytree(results.RESULTS / results.REFERENCE, res / results.REFERENCE)
-    (res / "other-gpu").mkdir()
-    shutil.copy(results.RESULTS / results.REFERENCE / "00-the-machine.json", res / "other-gpu")
+    rec = results.read(results.path_for("00-the-machine", results.REFERENCE))  # the same record, relabelled
+    rec["provenance"] = dict(rec["provenance"], name="Other GPU", slug="other-gpu")
+    results.write(res / "other-gpu" / "00-the-machine.json", rec)
     (res / "third-gpu").mkdir()
     shutil.copy(results.RESULTS / results.REFERENCE / "00-the-machine.json", res / "third-gpu")
     ref = status.headline_values(ROOT / "notebooks")
@@ -72,8 +73,9 @@ def test_devices_command_replays_another_device_for_the_page(tmp_path):
 
     res = tmp_path / "results"
     shutil.copytree(results.RESULTS / results.REFERENCE, res / results.REFERENCE)
-    (res / "other-gpu").mkdir()
-    shutil.copy(results.RESULTS / results.REFERENCE / "00-the-machine.json", res / "other-gpu")
+    rec = results.read(results.path_for("00-the-machine", results.REFERENCE))  # the same record, relabelled
+    rec["provenance"] = dict(rec["provenance"], name="Other GPU", slug="other-gpu")
+    results.write(res / "other-gpu" / "00-the-machine.json", rec)
     proc = subprocess.run([sys.executable, str(ROOT / "tools" / "book.py"), "devices", "--results-dir", str(res),
                            "--output-dir", str(tmp_path / "replayed")], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

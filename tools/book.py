@@ -3,7 +3,9 @@
     python tools/book.py run --mode measure                 # every notebook, in chapter order, in place
     python tools/book.py run --mode replay --reference nvidia-h200
     python tools/book.py run --mode measure --device cpu --size smoke --results-dir DIR --output-dir OUT
-    python tools/book.py check-fresh                        # stale results, exit 1 if any
+    python tools/book.py check-fresh                        # stale, damaged or leftover results, exit 1 if any
+    python tools/book.py seal results/nvidia-h200/01-matrix-shapes.json --input 00-the-machine
+                                                            # add the digest to a record written without one
     python tools/book.py devices                            # replay every other device's results for the
                                                             # book's devices page (into _build/devices/)
 
@@ -115,14 +117,30 @@ def execute(nb_path: Path, out: Path, params: dict, progress: bool = False,
 
 
 def check_fresh(args) -> int:
+    """List every results file that is stale (its code or its inputs changed), damaged (its content no longer
+    matches its digest, or it is misplaced or malformed), and any leftover temporary, lock or rescue file."""
     root = Path(args.root).resolve() if args.root else ROOT
     base = Path(args.results_dir) if args.results_dir else root / "results"
-    stale = results.stale_results(base, root)
-    for path, reasons in stale:
-        print(f"stale: {results.show(path, root)}: {'; '.join(reasons)}")
-    if not stale:
-        print("all results are fresh: every results file matches the code that produced it")
-    return 1 if stale else 0
+    found = results.audit(base, root)
+    for kind, path, reasons in found:
+        print(f"{kind}: {results.show(path, root)}: {'; '.join(reasons)}")
+    if not found:
+        print("all results are fresh: every results file matches its digest, the code that produced it and the "
+              "results it was derived from")
+    return 1 if found else 0
+
+
+def seal(args) -> int:
+    """Add the digest of its content to each record written before records carried one (``results.seal``)."""
+    for name in args.files:
+        try:
+            rec = results.seal(name, args.input)
+        except results.ResultsError as e:
+            print(e, file=sys.stderr)
+            return 1
+        inputs = "".join(f", input {nb} {d[:19]}" for nb, d in sorted(rec.get("inputs", {}).items()))
+        print(f"sealed {results.show(Path(name).resolve())}: {rec['digest'][:19]}{inputs}")
+    return 0
 
 
 def devices(args) -> int:
@@ -157,14 +175,18 @@ def main(argv=None) -> int:
     r.add_argument("--results-dir", default=None)
     r.add_argument("--output-dir", default=None, help="write executed notebooks here instead of in place")
     r.add_argument("--no-progress", action="store_true")
-    c = sub.add_parser("check-fresh", help="list results whose code changed since they were measured")
+    c = sub.add_parser("check-fresh", help="list stale, damaged or leftover results")
     c.add_argument("--results-dir", default=None)
     c.add_argument("--root", default=None, help="the repository whose code is checked (default: this one)")
+    s = sub.add_parser("seal", help="add a digest to results written before records carried one")
+    s.add_argument("files", nargs="+", help="results files, such as results/nvidia-h200/00-the-machine.json")
+    s.add_argument("--input", action="append", default=[], metavar="NOTEBOOK",
+                   help="a notebook of the same folder whose results this one was derived from (repeatable)")
     d = sub.add_parser("devices", help="replay every other device's results for the devices page")
     d.add_argument("--results-dir", default=None)
     d.add_argument("--output-dir", default=None, help="where the replayed notebooks go (default: _build/devices)")
     args = ap.parse_args(argv)
-    return {"run": run, "check-fresh": check_fresh, "devices": devices}[args.cmd](args)
+    return {"run": run, "check-fresh": check_fresh, "seal": seal, "devices": devices}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ dtypes, and the launch cost of a tiny op. The ceilings are the best rates it saw
 is the one the name asks: bandwidths only over footprints at least ``HBM_FACTOR`` times the L2 (so
 the L2 cannot serve them), the copy over both ways of copying (``cudaMemcpyAsync`` and an elementwise
 kernel), matmul rates over every size. Chapters 1-6 set their measurements against
-these (``load``), never against the datasheet alone.
+these (``load``), never against the datasheet alone. ``load`` reads chapter 0's file through
+``results.load``, which verifies its digest (a doubled median there stops the replay) and records it
+in the results of the chapter being measured, so ``make check-fresh`` reports that chapter stale when
+chapter 0's file changes.
 
 Chapters: 0 (derivation); 1, 2, 3, 4 (rooflines and bandwidth fractions).
 """

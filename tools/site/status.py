@@ -84,7 +84,7 @@ def status_rows(results_dir: Path | None = None, root: Path = ROOT, slug: str = 
         if path.exists():
             rec = results.read(path, nb, slug)
             prov = rec["provenance"]
-            stale = results.stale_reasons(rec, root)
+            stale = results.stale_reasons(rec, root, path)
             row.update(device=prov.get("name"), date=str(prov.get("date", ""))[:10],
                        commit=(prov.get("commit") or "")[:7] + ("+" if prov.get("dirty") else ""),
                        torch=prov.get("torch"), triton=prov.get("triton"), cuda=prov.get("cuda"),
