@@ -280,6 +280,6 @@ class TinyLlama:
             q = self._attn_in(li, L, x, rope, pool, rows).contiguous()
             kc, vc = pool.k[li], pool.v[li]
             if plan is None:
-                plan = da.DecodeAttention(q, kc, vc, table, lens)
+                plan = da.DecodeAttention(q, kc, vc, table, lens, check=check)
             x = self._attn_out_and_mlp(L, x, plan(q, kc, vc, table, lens))
         return self._norm(x, self.norm) @ self.head

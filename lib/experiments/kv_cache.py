@@ -260,7 +260,7 @@ def measure_pages(B, L, H_kv, p, dev, gen, l2) -> list[dict]:
             vc, _ = da.paginate(v, page, block_table=bt)
             data.append((q, kc, vc, bt))
         plan = da.DecodeAttention(*data[0], lens)
-        err = check_output(f"page {page}", plan(*data[0], lens), ref, p, where)
+        err = check_output(f"page {page}", plan(*data[0], lens, check=True), ref, p, where)
         pair = timing.paired(run_dense, [lambda d=d, plan=plan: plan(*d, lens) for d in data], device=dev,
                              pairs=p["page_sweep"]["pairs"], target_ms=p["target_ms"])
         rows.append({**shape, "page": page, "err": err, "pairs": pair.to_dict()})
@@ -298,17 +298,17 @@ def measure_paging(B, L, H_kv, p, dev, gen, l2) -> list[dict]:
         plan = da.DecodeAttention(*data[0], lens)
         q, kc, vc, bt = data[0]
         ref = da.reference(q[:few], kc, vc, bt[:few], lens[:few])
-        err = check_output(f"paging {layout}", plan(q, kc, vc, bt, lens), ref, p, f"B={B} L={L} H_kv={H_kv}")
+        err = check_output(f"paging {layout}", plan(q, kc, vc, bt, lens, check=True), ref, p, f"B={B} L={L} H_kv={H_kv}")
         pair = timing.paired([lambda d=d: contiguous(*d, dense_bt, lens) for d in dense],
                              [lambda d=d, plan=plan: plan(*d, lens) for d in data],
                              device=dev, pairs=p["paging"]["pairs"], target_ms=p["target_ms"])
         # what the memory system alone charges for this layout: the same bytes read with no arithmetic, from the
         # contiguous cache and page by page in this block table's order, one launch for both, timed in pairs
-        check_sum(f"read-only paging {layout}", stream.read_pages_sum(kc, vc, bt.flatten()),
+        check_sum(f"read-only paging {layout}", stream.read_pages_sum(kc, vc, bt.flatten(), check=True),
                   (dense[0][1].double().sum().item() + dense[0][2].double().sum().item(), 2 * dense[0][1].numel()),
                   f"B={B} L={L} H_kv={H_kv}")
         read = timing.paired([lambda d=d: stream.read_sum(d[1], d[2]) for d in dense],
-                             [lambda d=d: stream.read_pages_sum(d[1], d[2], d[3].flatten()) for d in data],
+                             [lambda d=d: stream.read_pages_sum(d[1], d[2], d[3].flatten(), check=False) for d in data],
                              device=dev, pairs=p["paging"]["pairs"], target_ms=p["target_ms"])
         rows.append({"B": B, "L": L, "H_kv": H_kv, "layout": layout, "Q": nbytes, "sets": sets, "err": err,
                      "pairs": pair.to_dict(), "read_pairs": read.to_dict(), "block_n": plan.meta["BLOCK_N"],

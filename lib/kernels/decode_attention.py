@@ -33,6 +33,11 @@ The kernel (chapter 3 explains it):
 The kernel is written as small ``@triton.jit`` pieces (the program's setup, the page lookup, one online
 softmax step, the final write or combine) so that variants for tuning can reuse them.
 
+Nothing reaches the kernel unchecked: types, shapes, strides, dtypes and devices of every tensor, the
+output's size and whether it shares memory with an input, and the launch parameters are checked before
+planning; the block table's entries and the lengths (values on the device) are checked where they can be
+read without cost or where the caller asks (``check``), since the kernel would read outside the cache.
+
 Chapters: 3.
 """
 
@@ -330,7 +335,19 @@ def choose_head_block(pairs: int, max_len: int, sms: int, group: int) -> int:
     return max(16, triton.next_power_of_2(group))
 
 
+def _power_of_two(name: str, value, least: int, why: str) -> int:
+    """``value`` if it is an integer power of two of at least ``least``; otherwise a ValueError naming it."""
+    if not launch.whole(value) or value < least or value & (value - 1):
+        raise ValueError(f"{name} must be a power of two >= {least} ({why}), got {value!r}")
+    return value
+
+
 def _check(q, k_cache, v_cache, block_table, seq_lens):
+    """Refuse what the kernel cannot take, from the tensors' types, shapes, strides, dtypes and devices
+    alone (no values are read): so that nothing wrong reaches the launch."""
+    launch.tensors(q=(q, "[B, H_q, d]"), k_cache=(k_cache, "[pages, H_kv, page_size, d]"),
+                   v_cache=(v_cache, "[pages, H_kv, page_size, d]"),
+                   block_table=(block_table, "int32 [B, pages per request]"), seq_lens=(seq_lens, "int32 [B]"))
     if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
         raise ValueError(
             f"expected q [B, H_q, d] and k_cache, v_cache [pages, H_kv, page_size, d] of one shape; got q "
@@ -342,27 +359,105 @@ def _check(q, k_cache, v_cache, block_table, seq_lens):
         raise ValueError(f"head dimension must match (q {D}, cache {Dk}) and be a power of two >= 16")
     if H_kv == 0 or H_q % H_kv:
         raise ValueError(f"H_q={H_q} must be a multiple of H_kv={H_kv} (GQA groups of equal size)")
+    if page < 1:
+        raise ValueError(f"the cache's page size (k_cache.shape[2]) must be at least 1 token, got {page}")
     if q.dtype not in DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
         raise TypeError(f"q, k_cache, v_cache must share one of {DTYPES}; got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
     if block_table.dtype != torch.int32 or seq_lens.dtype != torch.int32:
-        raise TypeError("block_table and seq_lens must be int32 tensors")
+        raise TypeError(f"block_table and seq_lens must be int32 tensors (the kernel loads 32-bit entries); got "
+                        f"{block_table.dtype} and {seq_lens.dtype}: convert them with .to(torch.int32)")
     if block_table.dim() != 2 or block_table.shape[0] != B or seq_lens.shape != (B,):
         raise ValueError(f"block_table must be [B={B}, pages] and seq_lens [B={B}]; got {tuple(block_table.shape)}, "
                          f"{tuple(seq_lens.shape)}")
-    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or block_table.stride(1) != 1:
-        raise ValueError("the last dimension of q, k_cache, v_cache and block_table must be contiguous")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table), ("seq_lens", seq_lens)):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q on {q.device}: the kernel takes every tensor on one "
+                             f"device; move it with .to({str(q.device)!r})")
+    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError(f"the last dimension (d) of q, k_cache and v_cache must be contiguous (stride 1); got strides "
+                         f"{q.stride()}, {k_cache.stride()}, {v_cache.stride()}: pass .contiguous() copies")
+    if block_table.shape[1] > 1 and block_table.stride(1) != 1:
+        raise ValueError(f"the last dimension of block_table must be contiguous (the kernel reads a row's entries "
+                         f"side by side); got strides {block_table.stride()}: pass block_table.contiguous()")
+    if not seq_lens.is_contiguous():
+        raise ValueError(f"seq_lens must be contiguous (the kernel reads request b's length at position b); got "
+                         f"stride {seq_lens.stride()}: pass seq_lens.contiguous()")
+
+
+def _check_values(block_table, seq_lens, num_pages, page, max_seq_len=None):
+    """Refuse lengths below 0 or past what the request's block-table row holds (or past ``max_seq_len``),
+    and block-table entries that name no page of the cache among those the lengths use: the kernel would
+    read outside the cache, or skip tokens. Entries past a request's length are never read and may hold
+    anything. Reads the values: on a GPU a synchronisation."""
+    W = block_table.shape[1]
+    capacity = W * page
+    limit = capacity if max_seq_len is None else min(capacity, max_seq_len)
+    lens = seq_lens.long()
+    bad_len = (lens < 0) | (lens > limit)
+    used = torch.arange(W, device=lens.device)[None, :] < ((lens.clamp(0, capacity) + page - 1) // page)[:, None]
+    bad_entry = used & ((block_table < 0) | (block_table >= num_pages))
+    len_wrong, entry_wrong = torch.stack([bad_len.any(), bad_entry.any()]).tolist()
+    if len_wrong:
+        b = int(bad_len.nonzero()[0, 0])
+        n = int(lens[b])
+        if n < 0:
+            raise ValueError(f"seq_lens[{b}] = {n} is negative: a request holds 0 tokens or more")
+        if n > capacity:
+            raise ValueError(f"seq_lens[{b}] = {n} is more than block_table's row holds ({W} pages of {page} = "
+                             f"{capacity} tokens): give the request more pages or a shorter length")
+        raise ValueError(f"seq_lens[{b}] = {n} is more than max_seq_len = {max_seq_len}, which sets the splits' "
+                         f"length: tokens past it would be skipped; pass max_seq_len >= max(seq_lens) (or None: the "
+                         f"block table's capacity)")
+    if entry_wrong:
+        b, i = (int(v) for v in bad_entry.nonzero()[0])
+        raise ValueError(f"block_table[{b}, {i}] = {int(block_table[b, i])} names no page of the cache (k_cache has "
+                         f"{num_pages} pages, 0 .. {num_pages - 1}), and seq_lens[{b}] = {int(lens[b])} uses it: "
+                         f"the kernel would read outside the cache")
+
+
+def _check_out(out, q, inputs: dict):
+    """Refuse an output that is not like q (shape, dtype, device, unit stride in d), whose elements share
+    memory, or which shares memory with an input."""
+    launch.tensors(out=(out, f"[B, H_q, d] {q.dtype}, like q"))
+    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"out must be like q: {tuple(q.shape)} {q.dtype} on {q.device}; got {tuple(out.shape)} "
+                         f"{out.dtype} on {out.device}")
+    if out.stride(-1) != 1 or launch.internal_overlap(out):
+        raise ValueError(f"out must be contiguous in its last dimension and no two of its elements may share memory; "
+                         f"got strides {out.stride()}: pass torch.empty_like(q)")
+    launch.overlap(out, inputs)
+
+
+# what the planned call compares with the plan, in the order of the layout tuple
+_LAYOUT = tuple(f"{t}.{a}" for a in ("shape", "stride()", "dtype", "device")
+                for t in ("q", "k_cache", "v_cache", "block_table", "seq_lens"))
 
 
 class DecodeAttention:
-    """A launch planned once for fixed shapes, strides and dtypes; each call only launches.
+    """A launch planned once for fixed shapes, strides, dtypes and devices; each call only launches.
 
     Planning checks the arguments and resolves the launch: blocks of query heads
     (``choose_head_block``), tile, prefetch and warps (``choose_tile``), splits (``choose_splits``) and
     the combine. Calls go through ``lib.kernels.launch``: the first compiles (or finds) the kernel
     through Triton's public path, later ones on a GPU hand the new tensors straight to the compiled
-    kernel, skipping host work that costs tens of microseconds per launch. Calls must pass tensors of the
-    planned shapes and strides (checked); data not aligned to 16 bytes takes the public path. The
-    workspace is shared by calls of the same shape: do not run two at once on different streams.
+    kernel, skipping host work that costs tens of microseconds per launch. The workspace is shared by
+    calls of the same shape: do not run two at once on different streams.
+
+    What planning checks: everything ``decode_attention`` checks of the tensors it is given (types,
+    shapes, strides, dtypes, devices; block-table rows and lengths contiguous), the launch parameters,
+    and with ``check`` the values of the block table and the lengths (``check=None``: wherever they can
+    be read, i.e. not on meta tensors nor during a CUDA graph capture; on a GPU that reads them back, a
+    synchronisation).
+
+    What a call checks, and what it assumes: a call compares its tensors' shapes, strides, dtypes and
+    devices with the planned ones, and ``out``'s shape, dtype and device with q's (an ``out`` laid out
+    otherwise than contiguously is checked in full and takes the public path), and refuses an ``out``
+    that shares memory with an input. It reads no values unless asked: it assumes that every length lies
+    in 0 .. the planned ``max_seq_len`` (default: the block table's capacity) and that every block-table
+    entry a length uses names a page of the cache. ``check=True`` checks those values at this call (a
+    synchronisation on a GPU; refused during a CUDA graph capture), ``check=None`` (the default) does it
+    on the CPU only, where it costs no synchronisation and Triton's interpreter would otherwise read
+    outside the tensors, and ``check=False`` never.
 
     ``block_n``, ``prefetch`` and ``num_warps`` default to ``choose_tile``'s choice, ``num_splits`` to
     ``choose_splits``' and ``head_block`` to ``choose_head_block``'s.
@@ -373,25 +468,40 @@ class DecodeAttention:
     ``num_stages - 1`` tiles. Chapter 3 measures both.
 
     With the prefetch and pages smaller than a tile, a tile that spans ``PER_PAGE_MIN_PAGES`` pages or more
-    loads one block-table entry per page and spreads it over the page's tokens in registers; one that
-    spans fewer gathers one entry per token (``meta["PER_PAGE"]`` says which).
+    (and pages of a power of two tokens, so that a tile holds whole pages) loads one block-table entry per
+    page and spreads it over the page's tokens in registers; one that spans fewer gathers one entry per
+    token (``meta["PER_PAGE"]`` says which).
     """
 
     def __init__(self, q, k_cache, v_cache, block_table, seq_lens, *, max_seq_len=None, scale=None,
                  num_splits=None, block_n=None, num_warps=None, num_stages=3, combine="auto", prefetch=None,
-                 head_block=None):
+                 head_block=None, check: bool | None = None):
         _check(q, k_cache, v_cache, block_table, seq_lens)
         B, H_q, D = q.shape
-        _, H_kv, page, _ = k_cache.shape
+        num_pages, H_kv, page, _ = k_cache.shape
         G = H_q // H_kv
-        max_len = max_seq_len if max_seq_len is not None else block_table.shape[1] * page
+        capacity = block_table.shape[1] * page
+        if max_seq_len is not None and (not launch.whole(max_seq_len) or max_seq_len < 0):
+            raise ValueError(f"max_seq_len must be a whole number of tokens >= 0 that bounds seq_lens (or None: the "
+                             f"block table's capacity, {capacity}); got {max_seq_len!r}")
+        max_len = capacity if max_seq_len is None else max_seq_len
         if combine not in ("auto", "kernel", "inline"):
             raise ValueError(f"combine must be 'auto', 'kernel' (a second, parallel launch) or 'inline' (the last "
                              f"split program combines), got {combine!r}")
+        if num_splits is not None:
+            _power_of_two("num_splits", num_splits, 1, "the combine loads a head's partials as one block")
+        if num_warps is not None:
+            _power_of_two("num_warps", num_warps, 1, "Triton's warps per program")
+        if not launch.whole(num_stages) or num_stages < 1:
+            raise ValueError(f"num_stages must be a whole number >= 1 (the software pipeline's depth), got {num_stages!r}")
+        if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                                  or not math.isfinite(scale)):
+            raise ValueError(f"scale must be a finite number (None: d ** -0.5), got {scale!r}")
+        if launch.values_readable(check, block_table, seq_lens):
+            _check_values(block_table, seq_lens, num_pages, page, max_seq_len)
         sms = launch.sm_count(q.device)
         block_g = choose_head_block(B * H_kv, max_len, sms, G) if head_block is None else head_block
-        if block_g < 16 or block_g & (block_g - 1):
-            raise ValueError(f"head_block must be a power of two >= 16 (the smallest tl.dot), got {block_g}")
+        _power_of_two("head_block", block_g, 16, "the smallest tl.dot")
         block_g = min(block_g, max(16, triton.next_power_of_2(G)))
         head_blocks = triton.cdiv(G, block_g)
         programs = B * H_kv * head_blocks  # before splitting the context
@@ -399,16 +509,15 @@ class DecodeAttention:
         group = min(G, block_g) if combine == "inline" else 1
         tile, fetch, warps = choose_tile(programs, max_len, sms, G, group, head_blocks)
         block_n = tile if block_n is None else block_n
-        if block_n < 16 or block_n & (block_n - 1):
-            raise ValueError(f"block_n must be a power of two >= 16 (the smallest tl.dot), got {block_n}")
+        _power_of_two("block_n", block_n, 16, "the smallest tl.dot")
         prefetch = fetch if prefetch is None else prefetch
         num_warps = warps if num_warps is None else num_warps
         # blocks of heads (short contexts): one program per block reads the whole context
         waves = 1.0 if wide_and_long(G, max_len) else 2.0
-        splits = num_splits or (1 if head_blocks > 1 else choose_splits(programs, max_len, block_n, sms, group=group,
-                                                                        waves=waves))
-        if splits & (splits - 1):
-            raise ValueError(f"num_splits must be a power of two, got {splits}")
+        if num_splits is not None:
+            splits = num_splits
+        else:
+            splits = 1 if head_blocks > 1 else choose_splits(programs, max_len, block_n, sms, group=group, waves=waves)
         if combine == "auto":  # a serial combine of a few partials costs less than a second launch
             combine = "inline" if splits <= INLINE_MAX_SPLITS else "kernel"
         self.combine = combine
@@ -418,20 +527,29 @@ class DecodeAttention:
         self.splits = splits
         self.second = splits > 1 and combine == "kernel"  # the combine is a second launch
         self.workspace = _workspace(q.device, B, H_q, H_kv * head_blocks, D, splits)
-        self.shapes = (q.shape, k_cache.shape, block_table.shape, q.stride(), k_cache.stride(), v_cache.stride(),
-                       block_table.stride())
+        self.layout = (q.shape, k_cache.shape, v_cache.shape, block_table.shape, seq_lens.shape,
+                       q.stride(), k_cache.stride(), v_cache.stride(), block_table.stride(), seq_lens.stride(),
+                       q.dtype, k_cache.dtype, v_cache.dtype, block_table.dtype, seq_lens.dtype,
+                       q.device, k_cache.device, v_cache.device, block_table.device, seq_lens.device)
+        self.out_like = (q.shape, q.dtype, q.device)
+        self.out_stride = (H_q * D, D, 1)  # an output of the plan's own: contiguous
+        self.on_cpu = q.device.type == "cpu"
+        self.on_meta = q.device.type == "meta"
+        self.max_seq_len, self.num_pages, self.page = max_seq_len, num_pages, page
+        self.heads = H_q
+        self.spans = tuple(launch.span(t) for t in (q, k_cache, v_cache, block_table, seq_lens))
+        self.out_span = B * H_q * D * q.element_size()
         self.meta = dict(G=G, BLOCK_G=block_g, HEAD_BLOCKS=head_blocks, D=D, PAGE=page, BLOCK_N=block_n, SPLITS=splits,
                          INLINE=combine == "inline", PREFETCH=bool(prefetch),
-                         PER_PAGE=block_n >= PER_PAGE_MIN_PAGES * page)
+                         PER_PAGE=block_n >= PER_PAGE_MIN_PAGES * page and not page & (page - 1))
         self.options = dict(num_warps=num_warps, num_stages=num_stages)
-        # the strides equal the planned ones (checked at each call), so their values are fixed here
+        # the inputs' strides equal the planned ones (checked at each call), so their values are fixed here;
+        # the output's strides are passed at each call
         self.fixed = (*self.workspace, scale * LOG2E, split_len, H_q, H_kv, block_table.shape[1],
-                      q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_table.stride(0),
-                      q.stride(0), q.stride(1))
+                      q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_table.stride(0))
         self.split_launch = launch.Launch(_decode_kernel, self.grid, self.meta, self.options, q.device)
         self.combine_launch = launch.Launch(_combine_kernel, (B, H_q), dict(SPLITS=splits, D=D), dict(num_warps=4),
                                             q.device)
-        self.combine_fixed = (H_q, q.stride(0), q.stride(1))
 
     def tiles_in_flight(self) -> int | None:
         """K tiles the compiled kernel keeps in flight per program: the depth of its shared-memory ring of
@@ -445,12 +563,10 @@ class DecodeAttention:
         depths = [int(m) for m in re.findall(r"memdesc<(\d+)" + re.escape(shape), ir)]
         return max(depths) if depths else None
 
-    def __call__(self, q, k_cache, v_cache, block_table, seq_lens, out=None):
-        if out is None:
-            out = torch.empty_like(q)
-        return self._launch(q, k_cache, v_cache, block_table, seq_lens, out, combine=True)
+    def __call__(self, q, k_cache, v_cache, block_table, seq_lens, out=None, *, check: bool | None = None):
+        return self._launch(q, k_cache, v_cache, block_table, seq_lens, out, True, check)
 
-    def partials(self, q, k_cache, v_cache, block_table, seq_lens):
+    def partials(self, q, k_cache, v_cache, block_table, seq_lens, *, check: bool | None = None):
         """The split pass alone, for plans that combine in a second launch (``combine="kernel"``, more
         than one split): each split's partial result, not combined, as views of the plan's workspace
         (valid until its next call):
@@ -461,26 +577,62 @@ class DecodeAttention:
         - ``l`` [B, H_q, splits]: the sum of 2^(s - m) over the split's tokens.
 
         The output is sum_i 2^(m_i - M) acc_i / sum_i 2^(m_i - M) l_i with M = max_i m_i, which is what
-        the combine computes (chapter 3 times this pass alone and combines its partials by hand)."""
+        the combine computes (chapter 3 times this pass alone and combines its partials by hand).
+        ``check`` as for a call."""
         if not self.second:
             raise ValueError(f"this plan combines inside its one launch ({self.splits} split(s), combine="
                              f"{self.combine!r}): plan with combine='kernel' and num_splits > 1 to see the partials")
-        self._launch(q, k_cache, v_cache, block_table, seq_lens, torch.empty_like(q), combine=False)
+        self._launch(q, k_cache, v_cache, block_table, seq_lens, None, False, check)
         B, H_q, D = q.shape
         acc, m, l_sum = self.workspace[:3]
         return (acc.view(B, H_q, self.splits, D), m.view(B, H_q, self.splits),
                 l_sum.view(B, H_q, self.splits))
 
-    def _launch(self, q, k_cache, v_cache, block_table, seq_lens, out, combine):
-        if (q.shape, k_cache.shape, block_table.shape, q.stride(), k_cache.stride(), v_cache.stride(),
-                block_table.stride()) != self.shapes or out.stride() != q.stride():
-            raise ValueError("tensors differ from the planned shapes or strides: make a new DecodeAttention")
+    def _refuse(self, q, k_cache, v_cache, block_table, seq_lens, layout):
+        """The error for tensors that differ from the planned ones, naming what differs."""
+        _check(q, k_cache, v_cache, block_table, seq_lens)  # tensors the kernel cannot take at all: that error
+        differ = [f"{name} {got} (planned {want})" for name, got, want in zip(_LAYOUT, layout, self.layout)
+                  if got != want]
+        raise ValueError(f"tensors differ from the planned shapes, strides, dtypes or devices: {'; '.join(differ)}: "
+                         f"make a new DecodeAttention for them (or call decode_attention)")
+
+    def _launch(self, q, k_cache, v_cache, block_table, seq_lens, out, combine, check):
+        try:
+            layout = (q.shape, k_cache.shape, v_cache.shape, block_table.shape, seq_lens.shape,
+                      q.stride(), k_cache.stride(), v_cache.stride(), block_table.stride(), seq_lens.stride(),
+                      q.dtype, k_cache.dtype, v_cache.dtype, block_table.dtype, seq_lens.dtype,
+                      q.device, k_cache.device, v_cache.device, block_table.device, seq_lens.device)
+        except (AttributeError, TypeError):
+            layout = None
+        if layout != self.layout:
+            self._refuse(q, k_cache, v_cache, block_table, seq_lens, layout or ())
+        if (check or (check is None and self.on_cpu)) and launch.values_readable(check, block_table, seq_lens):
+            _check_values(block_table, seq_lens, self.num_pages, self.page, self.max_seq_len)
+        pq, pk, pv, pb, pl = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_table.data_ptr(), \
+            seq_lens.data_ptr()
+        if out is None:
+            out = torch.empty(self.out_like[0], dtype=self.out_like[1], device=self.out_like[2])
+            stride = self.out_stride
+        else:
+            stride = out.stride() if isinstance(out, torch.Tensor) else None
+            if stride != self.out_stride or (out.shape, out.dtype, out.device) != self.out_like:
+                _check_out(out, q, dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
+                                        seq_lens=seq_lens))
+            elif not self.on_meta:  # out laid out as planned: its byte range against the inputs' (planned) ones
+                o = out.data_ptr()
+                e = o + self.out_span
+                sq, sk, sv, sb, sl = self.spans
+                if (pq < e and o < pq + sq) or (pk < e and o < pk + sk) or (pv < e and o < pv + sv) \
+                        or (pb < e and o < pb + sb) or (pl < e and o < pl + sl):
+                    launch.overlap(out, dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
+                                             seq_lens=seq_lens))
         if self.grid[0] == 0:
             return out
-        direct = launch.aligned(q, k_cache, v_cache, block_table, seq_lens, out)
-        self.split_launch(q, k_cache, v_cache, block_table, seq_lens, out, *self.fixed, direct=direct)
+        direct = stride == self.out_stride and not (out.data_ptr() | pq | pk | pv | pb | pl) % 16
+        self.split_launch(q, k_cache, v_cache, block_table, seq_lens, out, *self.fixed, stride[0], stride[1],
+                          direct=direct)
         if self.second and combine:
-            self.combine_launch(*self.workspace[:3], out, *self.combine_fixed, direct=direct)
+            self.combine_launch(*self.workspace[:3], out, self.heads, stride[0], stride[1], direct=direct)
         return out
 
 
@@ -500,21 +652,30 @@ def decode_attention(
     num_stages: int = 3,
     combine: str = "auto",
     head_block: int | None = None,
+    check: bool | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per request over a paged KV cache; returns [B, H_q, d].
 
-    q: [B, H_q, d]. k_cache, v_cache: [num_pages, H_kv, page_size, d], H_q a multiple of H_kv.
-    block_table: [B, pages_per_request] int32. seq_lens: [B] int32, each between 1 and
-    pages_per_request * page_size (not checked on the device: that would cost a synchronization).
-    ``max_seq_len`` bounds seq_lens (default: the block table's capacity); it sets the split length.
+    q: [B, H_q, d]. k_cache, v_cache: [num_pages, H_kv, page_size, d], H_q a multiple of H_kv, d a
+    power of two >= 16, each contiguous in d; any page size. block_table: [B, pages_per_request] int32.
+    seq_lens: [B] int32, each between 0 (an output of zeros) and pages_per_request * page_size; the
+    entries of block_table that a length uses must name pages of the cache (0 .. num_pages - 1), the
+    others are never read. ``max_seq_len`` bounds seq_lens (default: the block table's capacity); it
+    sets the split length. All on one device. ``out``: like q, sharing no memory with the inputs.
+
+    Everything but the values is checked before the launch, with an error that says what to change;
+    block_table and seq_lens are made contiguous where they are not. ``check``: read the values and
+    refuse lengths or entries out of range. None (the default): wherever they can be read, i.e. not on
+    meta tensors nor during a CUDA graph capture (on a GPU that is a synchronisation); True: always (an
+    error where they cannot be read); False: never (the caller vouches for them).
     For repeated calls of one shape, ``DecodeAttention`` plans once and launches with less host time.
     """
-    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1):
-        raise ValueError(f"out must be like q {tuple(q.shape)} {q.dtype}, contiguous in its last dimension")
+    launch.tensors(block_table=(block_table, "int32 [B, pages per request]"), seq_lens=(seq_lens, "int32 [B]"))
+    block_table, seq_lens = block_table.contiguous(), seq_lens.contiguous()
     plan = DecodeAttention(q, k_cache, v_cache, block_table, seq_lens, max_seq_len=max_seq_len, scale=scale,
                            num_splits=num_splits, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
-                           combine=combine, head_block=head_block)
-    return plan(q, k_cache, v_cache, block_table, seq_lens, out=out)
+                           combine=combine, head_block=head_block, check=check)
+    return plan(q, k_cache, v_cache, block_table, seq_lens, out=out, check=False)  # the values: checked at planning
 
 
 def paginate(dense: torch.Tensor, page_size: int, generator: torch.Generator | None = None,

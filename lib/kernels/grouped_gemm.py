@@ -24,6 +24,10 @@ schedules them by output tile, statically (chapter 4 explains it):
   any M (0 included), N and K, and strided inputs.
 - the tile size follows the tokens per expert (``choose_config``).
 
+Nothing reaches the kernels unchecked: types, shapes, strides, dtypes and devices, an output that shares
+memory with an input, and the launch parameters are checked before planning; the offsets' values (on the
+device) where they can be read without cost or where the caller asks (``check``).
+
 Accumulation is in fp32; inputs fp16, bf16 or fp32. ``tile_schedule`` is the same schedule in plain
 Python (the seed's worked example). The kernels are written as small ``@triton.jit`` pieces (the
 schedule, the order, one tile by pointer loads or by TMA) that variants for tuning reuse.
@@ -238,6 +242,10 @@ def _grouped_gemm_tma_kernel(
 
 
 def _check(x, w, offsets, out):
+    """Refuse what the kernels cannot take, from the tensors' types, shapes, strides, dtypes and devices
+    alone (no values are read)."""
+    launch.tensors(x=(x, "[T, K], tokens sorted by expert"), w=(w, "[E, K, N]"),
+                   offsets=(offsets, "int32 [E + 1], expert e owns rows offsets[e] to offsets[e+1] - 1"))
     if x.dim() != 2 or w.dim() != 3:
         raise ValueError(f"expected x [T, K] and w [E, K, N]; got x {tuple(x.shape)}, w {tuple(w.shape)}")
     T, K = x.shape
@@ -249,14 +257,39 @@ def _check(x, w, offsets, out):
         raise TypeError(f"x and w must share one of {DTYPES}; got {x.dtype} and {w.dtype}")
     if offsets.dtype != torch.int32 or offsets.shape != (E + 1,):
         raise ValueError(f"offsets must be int32 of shape [E + 1] = [{E + 1}] (expert e owns rows offsets[e] to "
-                         f"offsets[e+1] - 1); got {offsets.dtype} {tuple(offsets.shape)}")
+                         f"offsets[e+1] - 1); got {offsets.dtype} {tuple(offsets.shape)}: convert with "
+                         f".to(torch.int32)")
     if offsets.device != x.device or w.device != x.device:
-        raise ValueError("x, w and offsets must be on one device")
-    if out is not None and (out.shape != (T, N) or out.dtype != x.dtype or out.device != x.device):
-        raise ValueError(f"out must be [{T}, {N}] {x.dtype} on {x.device}; got {tuple(out.shape)} {out.dtype}")
-    if offsets.device.type == "cpu" and E:
-        if int(offsets[0]) < 0 or int(offsets[-1]) > T or bool((offsets[1:] < offsets[:-1]).any()):
-            raise ValueError(f"offsets must be non-decreasing within [0, T={T}]; got {offsets.tolist()}")
+        raise ValueError(f"x, w and offsets must be on one device; got {x.device}, {w.device}, {offsets.device}: move "
+                         f"them with .to({str(x.device)!r})")
+    if not offsets.is_contiguous():
+        raise ValueError(f"offsets must be contiguous (the kernel reads expert e's bounds at positions e and e + 1); "
+                         f"got stride {offsets.stride()}: pass offsets.contiguous()")
+    if out is not None:
+        launch.tensors(out=(out, f"[T, N] = [{T}, {N}] {x.dtype}"))
+        if out.shape != (T, N) or out.dtype != x.dtype or out.device != x.device:
+            raise ValueError(f"out must be [{T}, {N}] {x.dtype} on {x.device}; got {tuple(out.shape)} {out.dtype} on "
+                             f"{out.device}")
+        if launch.internal_overlap(out):
+            raise ValueError(f"no two elements of out may share memory (strides {out.stride()}): several tiles would "
+                             f"write one place; pass a [T, N] tensor of its own")
+        launch.overlap(out, dict(x=x, w=w, offsets=offsets))
+
+
+def _check_values(offsets, T):
+    """Refuse offsets that decrease or leave [0, T]: an expert's rows would lie outside x and out. Reads the
+    values: on a GPU a synchronisation."""
+    if offsets.numel() < 2:
+        return
+    o = offsets.long()
+    steps = o[1:] - o[:-1]
+    low, high, down = torch.stack([o[0] < 0, o[-1] > T, (steps < 0).any()]).tolist()
+    if low or high or down:
+        where = (f"offsets[0] = {int(o[0])} < 0" if low else f"offsets[-1] = {int(o[-1])} > T = {T}" if high else
+                 f"offsets[{int((steps < 0).nonzero()[0, 0]) + 1}] < offsets[{int((steps < 0).nonzero()[0, 0])}]")
+        shown = offsets.tolist() if offsets.numel() <= 20 else f"{offsets[:20].tolist()} ..."
+        raise ValueError(f"offsets must be non-decreasing within [0, T={T}] (expert e owns rows offsets[e] to "
+                         f"offsets[e+1] - 1 of x); {where}, in {shown}")
 
 
 def choose_config(T: int, E: int, K: int | None = None) -> dict:
@@ -296,36 +329,57 @@ def tma_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
             and not ((x.stride(0) * es) % 16 or (w.stride(0) * es) % 16 or (w.stride(1) * es) % 16))
 
 
+# what the planned call compares with the plan, in the order of the layout tuple
+_LAYOUT = ("x.shape", "w.shape", "offsets.shape", "x.stride()", "w.stride()", "offsets.stride()", "x.dtype",
+           "w.dtype", "offsets.dtype", "x.device", "w.device", "offsets.device")
+
+
 class GroupedGemm:
-    """A grouped-GEMM launch planned once for fixed shapes, strides and dtypes; each call only launches.
+    """A grouped-GEMM launch planned once for fixed shapes, strides, dtypes and devices; each call only launches.
 
     Planning checks the arguments and resolves the launch once (``choose_config``, TMA or pointer loads).
     Calls go through ``lib.kernels.launch``: the first compiles (or finds) the kernel through Triton's
     public path, later ones on a GPU hand the new tensors straight to the compiled kernel, skipping
     host work that costs tens of microseconds per call (chapter 4 measures both). ``offsets`` may
-    change from call to call: the token counts are read on the device. Calls must pass x and w of the
-    planned shapes, strides and dtypes (checked); an ``out`` laid out otherwise than the planned one
-    (contiguous [T, N] unless the plan was given another), or data not aligned to 16 bytes, takes the
-    public path. In Triton's interpreter (CPU) every call takes the public path.
+    change from call to call: the token counts are read on the device. An ``out`` laid out otherwise
+    than the planned one (contiguous [T, N] unless the plan was given another), or data not aligned to
+    16 bytes, takes the public path. In Triton's interpreter (CPU) every call takes the public path.
+
+    What planning checks: everything ``grouped_gemm`` checks (types, shapes, dtypes, devices, offsets
+    contiguous, the launch parameters, an ``out`` that shares no memory with the inputs), and with
+    ``check`` the offsets' values (``check=None``: wherever they can be read, i.e. not on meta tensors
+    nor during a CUDA graph capture; on a GPU a synchronisation).
+
+    What a call checks, and what it assumes: a call compares x's, w's and offsets' shapes, strides,
+    dtypes and devices with the planned ones and ``out``'s shape, dtype and device with [T, N], and
+    refuses an ``out`` that shares memory with an input (an ``out`` of other strides is checked in full).
+    It reads no values unless asked: it assumes that the offsets are non-decreasing within [0, T].
+    ``check=True`` checks them at this call (a synchronisation on a GPU; refused during a CUDA graph
+    capture), ``check=None`` (the default) does it on the CPU only, where it costs no synchronisation and
+    Triton's interpreter would otherwise read outside the tensors, and ``check=False`` never.
     """
 
     def __init__(self, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out: torch.Tensor | None = None,
                  num_programs: int | None = None, block_m: int | None = None, block_n: int | None = None,
                  block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                  tma: bool | None = None, flatten: bool | None = None, half_tail: bool | None = None,
-                 order: str | None = None):
+                 order: str | None = None, check: bool | None = None):
         _check(x, w, offsets, out)
         T, K = x.shape
         E, _, N = w.shape
         cfg = choose_config(T, E, K)
-        block_m = block_m or cfg["block_m"]
-        block_n = block_n or cfg["block_n"]
-        block_k = block_k or cfg["block_k"]
-        num_warps = num_warps or cfg["num_warps"]
-        num_stages = num_stages or cfg["num_stages"]
+        given = dict(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
+        for name, value in given.items():
+            if value is not None and not launch.whole(value):
+                raise ValueError(f"{name} must be a whole number (None: choose_config's), got {value!r}")
+        block_m, block_n, block_k, num_warps, num_stages = (cfg[k] if v is None else v for k, v in given.items())
         for name, value in (("block_m", block_m), ("block_n", block_n), ("block_k", block_k)):
             if value < 16 or value & (value - 1):
                 raise ValueError(f"{name} must be a power of two >= 16 (the smallest tl.dot), got {value}")
+        if num_warps < 1 or num_warps & (num_warps - 1):
+            raise ValueError(f"num_warps must be a power of two >= 1 (Triton's warps per program), got {num_warps}")
+        if num_stages < 1:
+            raise ValueError(f"num_stages must be at least 1 (the software pipeline's depth), got {num_stages}")
         if half_tail is None:  # the plan's rule, where the row tile can be halved
             half_tail = cfg["half_tail"] and block_m >= 32
         if half_tail and block_m < 32:
@@ -335,9 +389,15 @@ class GroupedGemm:
         flatten = cfg["flatten"] if flatten is None else flatten
         if order not in ORDERS:
             raise ValueError(f"order must be one of {tuple(ORDERS)} (see tile_schedule), got {order!r}")
-        programs = num_programs or cfg["programs_per_sm"] * launch.sm_count(x.device)
-        if programs < 1:
-            raise ValueError(f"num_programs must be at least 1, got {programs}")
+        if num_programs is None:
+            programs = cfg["programs_per_sm"] * launch.sm_count(x.device)
+        elif not launch.whole(num_programs) or num_programs < 1:
+            raise ValueError(f"num_programs must be a whole number >= 1 (the persistent programs launched; None: "
+                             f"choose_config's per SM), got {num_programs!r}")
+        else:
+            programs = num_programs
+        if launch.values_readable(check, offsets):
+            _check_values(offsets, T)
         self.empty = E == 0 or T == 0 or N == 0
         self.tma = bool(tma is not False and K and tma_applies(x, w))
         self.grid = (programs,)
@@ -356,29 +416,55 @@ class GroupedGemm:
             self.meta.update(HALF_TAIL=half_tail, ORDER=ORDERS[order])
             self.options = dict(num_warps=num_warps, num_stages=num_stages)
             self.scalars = (E, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2))
-        self.layout = (x.shape, w.shape, offsets.shape, x.stride(), w.stride(), x.dtype, x.device)
+        self.layout = (x.shape, w.shape, offsets.shape, x.stride(), w.stride(), offsets.stride(), x.dtype, w.dtype,
+                       offsets.dtype, x.device, w.device, offsets.device)
+        self.out_like = ((T, N), x.dtype, x.device)
         self.out_stride = out.stride() if out is not None else (N, 1)
+        self.out_span = launch.span(out) if out is not None else T * N * x.element_size()
+        self.spans = (launch.span(x), launch.span(w), launch.span(offsets))
+        self.on_cpu = x.device.type == "cpu"
+        self.on_meta = x.device.type == "meta"
         self.launch = launch.Launch(kernel, self.grid, self.meta, self.options, x.device)
 
-    def __call__(self, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
-        if (x.shape, w.shape, offsets.shape, x.stride(), w.stride(), x.dtype, x.device) != self.layout \
-                or w.dtype != x.dtype or offsets.dtype != torch.int32 or offsets.device != x.device:
-            raise ValueError("x, w or offsets differ from the planned shapes, strides, dtypes or device: make a new "
-                             "GroupedGemm (or call grouped_gemm)")
-        if x.device.type == "cpu":
-            _check(x, w, offsets, out)  # the offsets' values, cheap on the CPU
-        T, N = x.shape[0], w.shape[2]
+    def _refuse(self, x, w, offsets, layout):
+        """The error for tensors that differ from the planned ones, naming what differs."""
+        _check(x, w, offsets, None)  # tensors the kernel cannot take at all: that error
+        differ = [f"{name} {got} (planned {want})" for name, got, want in zip(_LAYOUT, layout, self.layout)
+                  if got != want]
+        raise ValueError(f"x, w or offsets differ from the planned shapes, strides, dtypes or device: "
+                         f"{'; '.join(differ)}: make a new GroupedGemm (or call grouped_gemm)")
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor | None = None, *,
+                 check: bool | None = None) -> torch.Tensor:
+        try:
+            layout = (x.shape, w.shape, offsets.shape, x.stride(), w.stride(), offsets.stride(), x.dtype, w.dtype,
+                      offsets.dtype, x.device, w.device, offsets.device)
+        except (AttributeError, TypeError):
+            layout = None
+        if layout != self.layout:
+            self._refuse(x, w, offsets, layout or ())
+        if (check or (check is None and self.on_cpu)) and launch.values_readable(check, offsets):
+            _check_values(offsets, self.out_like[0][0])
+        px, pw, pf = x.data_ptr(), w.data_ptr(), offsets.data_ptr()
         if out is None:
-            out = torch.zeros(T, N, device=x.device, dtype=x.dtype)
-        elif out.shape != (T, N) or out.dtype != x.dtype or out.device != x.device:
-            raise ValueError(f"out must be [{T}, {N}] {x.dtype} on {x.device}; got {tuple(out.shape)} {out.dtype}")
+            out = torch.zeros(self.out_like[0], device=self.out_like[2], dtype=self.out_like[1])
+            stride = (self.out_like[0][1], 1)
+        else:
+            stride = out.stride() if isinstance(out, torch.Tensor) else None
+            if stride != self.out_stride or (out.shape, out.dtype, out.device) != self.out_like:
+                _check(x, w, offsets, out)  # laid out otherwise than planned: checked in full
+            elif not self.on_meta:  # out laid out as planned: its byte range against the inputs' (planned) ones
+                o = out.data_ptr()
+                e = o + self.out_span
+                sx, sw, sf = self.spans
+                if (px < e and o < px + sx) or (pw < e and o < pw + sw) or (pf < e and o < pf + sf):
+                    launch.overlap(out, dict(x=x, w=w, offsets=offsets))
         if self.empty:
             return out
         if self.tma:
             launch.ensure_descriptor_allocator()
-        direct = out.stride() == self.out_stride and launch.aligned(x, w, out, offsets)
-        self.launch(x, w, out, offsets, *self.scalars, out.stride(0), out.stride(1), direct=direct)
+        direct = stride == self.out_stride and not (out.data_ptr() | px | pw | pf) % 16
+        self.launch(x, w, out, offsets, *self.scalars, stride[0], stride[1], direct=direct)
         return out
 
 
@@ -386,24 +472,33 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, out
                  num_programs: int | None = None, block_m: int | None = None, block_n: int | None = None,
                  block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                  tma: bool | None = None, flatten: bool | None = None, half_tail: bool | None = None,
-                 order: str | None = None) -> torch.Tensor:
+                 order: str | None = None, check: bool | None = None) -> torch.Tensor:
     """y[offsets[e]:offsets[e+1]] = x[offsets[e]:offsets[e+1]] @ w[e] for every expert e, in one launch.
 
     x: [T, K] (tokens sorted by expert), w: [E, K, N], offsets: int32 [E + 1], non-decreasing, within
-    [0, T] (checked when on the CPU; on the GPU checking would cost a synchronization). Rows of ``out``
-    that no expert owns are left as they were (``out`` defaults to zeros then). Returns [T, N].
+    [0, T], all on one device. Rows of ``out`` that no expert owns are left as they were (``out``
+    defaults to zeros then); ``out`` shares no memory with x, w or offsets. Returns [T, N].
     Launch parameters left as None come from ``choose_config(T, E, K)``. ``tma``: load the tiles through
     tensor descriptors (Hopper's tensor-memory accelerator; None: whenever the strides allow it, i.e.
     unit stride in the last dimension and 16-byte aligned rows), else masked pointer loads (False, or
     strides TMA cannot take); ``flatten`` passes to the TMA kernel's tile loop (None: ``choose_config``'s
     rule). ``half_tail``: an expert whose rows past its last full row tile fit in half a tile computes
     that last tile at half height (``row_tiles``). ``order``: the order of the tiles in the schedule
-    (``tile_schedule``). It plans on every call; for repeated calls of one shape, ``GroupedGemm`` plans once.
+    (``tile_schedule``).
+
+    Everything but the offsets' values is checked before the launch, with an error that says what to
+    change; offsets are made contiguous where they are not. ``check``: read the offsets and refuse them
+    where they decrease or leave [0, T]. None (the default): wherever they can be read, i.e. not on meta
+    tensors nor during a CUDA graph capture (on a GPU that is a synchronisation); True: always (an error
+    where they cannot be read); False: never (the caller vouches for them). It plans on every call; for
+    repeated calls of one shape, ``GroupedGemm`` plans once.
     """
+    launch.tensors(offsets=(offsets, "int32 [E + 1], expert e owns rows offsets[e] to offsets[e+1] - 1"))
+    offsets = offsets.contiguous()
     plan = GroupedGemm(x, w, offsets, out=out, num_programs=num_programs, block_m=block_m, block_n=block_n,
                        block_k=block_k, num_warps=num_warps, num_stages=num_stages, tma=tma, flatten=flatten,
-                       half_tail=half_tail, order=order)
-    return plan(x, w, offsets, out=out)
+                       half_tail=half_tail, order=order, check=check)
+    return plan(x, w, offsets, out=out, check=False)  # the values: checked at planning
 
 
 def reference(x, w, offsets, dtype=torch.float32):

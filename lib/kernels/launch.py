@@ -23,8 +23,17 @@ other release, or when an internal is missing, every call takes the public path:
 the same on the GPU.
 
 The module also owns what the kernels' plans share: the number of SMs (``sm_count``), the current
-stream's raw handle (``raw_stream``) and the global memory Triton needs to build TMA descriptors on the
-device (``ensure_descriptor_allocator``).
+stream's raw handle (``raw_stream``), the global memory Triton needs to build TMA descriptors on the
+device (``ensure_descriptor_allocator``), and the checks of what a kernel is given before it launches:
+
+- every argument is a tensor (``tensors``): a list gets an error that says how to make the tensor;
+- an output shares no memory with an input (``span``, ``overlap``): the byte range from a tensor's first
+  element to the end of its last, compared with another's (a range, so views that interleave without
+  sharing an element are refused too; the message says to pass a separate tensor);
+- an index tensor's values (block-table entries, lengths, offsets) are read only where they can be
+  (``values_readable``): never for meta tensors, which hold none, nor while the current CUDA stream
+  captures a graph (a captured launch replays on whatever the tensors hold at replay). Reading them from a
+  GPU costs a synchronisation, which is why the planned launches check them at planning and on request.
 
 Chapters: 0 (call time against GPU time), 3 and 4 (the kernels that use it).
 """
@@ -96,6 +105,74 @@ def aligned(*tensors: torch.Tensor) -> bool:
     for t in tensors:
         ptr |= t.data_ptr()
     return not ptr % 16
+
+
+def whole(value) -> bool:
+    """Whether ``value`` is an integer and not a bool (True would pass for 1 as a count or a size)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def tensors(**named) -> None:
+    """Refuse any argument that is not a torch.Tensor, naming it and how to make one: a kernel takes
+    pointers, and a list or an array has none (``name=(value, "what it holds")``)."""
+    for name, (value, what) in named.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor ({what}); got {type(value).__name__}: make one with "
+                            f"torch.as_tensor({name}, dtype=..., device=...) on the other arguments' device")
+
+
+def span(t: torch.Tensor) -> int:
+    """Bytes from a tensor's first element to the end of its last (0 for an empty tensor): the range of
+    memory it may touch."""
+    if t.numel() == 0:
+        return 0
+    return (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+def overlap(out: torch.Tensor, inputs: Mapping[str, torch.Tensor], out_name: str = "out") -> None:
+    """Refuse an output whose memory range meets an input's: the kernel would read what it has already
+    overwritten (``out=x``), or write a tensor it reads from. Meta tensors hold no memory: nothing to
+    compare."""
+    if out.device.type == "meta":
+        return
+    o, o_span = out.data_ptr(), span(out)
+    for name, t in inputs.items():
+        p, p_span = t.data_ptr(), span(t)
+        if o_span and p_span and p < o + o_span and o < p + p_span:
+            raise ValueError(f"{out_name} shares memory with {name}: the kernel would overwrite what it still reads; "
+                             f"pass a separate tensor as {out_name} (torch.empty_like, or the default None)")
+
+
+def internal_overlap(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` share memory (a stride of 0, or strides smaller than the dimensions
+    inside them span): an output laid out so would be written by several programs at once."""
+    dims = sorted((s, n) for n, s in zip(t.shape, t.stride()) if n > 1)
+    reach = 1  # elements spanned by the dimensions seen so far, innermost first
+    for s, n in dims:
+        if s < reach:
+            return True
+        reach = s * (n - 1) + reach
+    return False
+
+
+def values_readable(check: bool | None, *index: torch.Tensor) -> bool:
+    """Whether to read (and check) the values of the index tensors ``index``: ``check`` True asks for it
+    (an error where they cannot be read), False declines it, None reads them where they can be read:
+    not meta tensors (no values), not while the current CUDA stream captures a graph (a capture cannot
+    read memory back, and the graph replays on the values the tensors hold at replay)."""
+    if check is False:
+        return False
+    why = None
+    if any(t.device.type == "meta" for t in index):
+        why = "meta tensors hold no values"
+    elif any(t.is_cuda for t in index) and torch.cuda.is_current_stream_capturing():
+        why = "the current CUDA stream is capturing a graph, which cannot read memory back"
+    if why is None:
+        return True
+    if check:
+        raise ValueError(f"check=True asks to read the index tensors' values, but {why}: check them before "
+                         f"(with check=True outside the capture) and pass check=False here")
+    return False
 
 
 def _descriptor_memory(size: int, alignment: int, stream) -> torch.Tensor:
