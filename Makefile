@@ -51,7 +51,7 @@ help:
 	@echo "make devices      replay every other device's results in results/ for the book's devices page"
 	@echo "make notebooks    re-execute the committed notebooks in replay mode, in place (REFERENCE=$(REFERENCE))"
 	@echo "make wheelhouse   download the notebooks' wheels for Python $(PY) into .whl/ (for an offline GPU node)"
-	@echo "make check-fresh  list results whose code changed since they were measured"
+	@echo "make check-fresh  list stale results (code or inputs changed) and damaged or leftover files"
 	@echo "make clean        remove build outputs (distclean: the virtual environment too)"
 
 $(VENV)/.book-installed: requirements-book.txt constraints.txt
