@@ -431,6 +431,14 @@ def test_replay_live_requests_finish_exactly_live_arrivals_later():
         prefix_cache.replay(prompts, 4, 1, live=1.5)
 
 
+def test_replay_salts_every_request_and_refuses_a_salt_acquire_refuses():
+    """One salt for every prompt gives the same hits as none; a dict salt is refused as acquire refuses it."""
+    prompts = [[1, 2], [3, 4], [1, 2, 7], [3, 4]]
+    assert prefix_cache.replay(prompts, 4, 1, extra=("weights-v1", None))["hit_tokens"] == 3
+    with pytest.raises(TypeError, match="^extra must be a str, bytes or a tuple of them"):
+        prefix_cache.replay(prompts, 4, 1, extra={"tenant": "A"})
+
+
 # ---------------------------------------------------------------------------- what a key takes, and refuses
 
 

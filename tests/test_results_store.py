@@ -525,7 +525,8 @@ def test_a_record_must_lie_where_its_provenance_says(tmp_path):
         results.write(path, rec)
         with pytest.raises(results.Misplaced) as e:
             results.read(path)
-        assert str(e.value).startswith(f"{path.as_posix()} ")
+        # the command that re-creates this notebook's file for the folder it lies in
+        assert str(e.value) == f"{path.as_posix()} {e.value.problem}. {results.remeasure_hint(name, folder)}."
         return e.value.problem
 
     assert refused(record("other"), "cpu") == (
@@ -549,6 +550,10 @@ def test_a_record_must_lie_where_its_provenance_says(tmp_path):
     assert "names its device '--' (slug None)" in refused(renamed, "nvidia-h200")
     gpu_in_cpu = record("nb", kind="cuda", slug="cpu")
     assert refused(gpu_in_cpu, "cpu") == "holds a cuda run on CPU, but lies under results/cpu, where only CPU runs go"
+    epyc = record("nb")
+    epyc["provenance"]["name"] = "AMD EPYC 9654"  # a CPU run's folder is cpu, whatever its processor is called
+    results.write(tmp_path / "cpu" / "nb.json", epyc)
+    assert results.read(tmp_path / "cpu" / "nb.json")["provenance"]["name"] == "AMD EPYC 9654"
     ok = record("nb", kind="cuda", slug="nvidia-h200")
     ok["provenance"]["name"] = "NVIDIA H200"
     results.write(tmp_path / "nvidia-h200" / "nb.json", ok)
@@ -575,6 +580,8 @@ def test_nan_and_infinity_are_refused_on_read_naming_the_key(tmp_path, text, whe
         results.read(path)
     assert e.value.problem == (f"holds {value} at {where}, which no measurement writes (JSON has no NaN or infinity): "
                                "it was edited or damaged")
+    assert str(e.value) == (f"{path.as_posix()} {e.value.problem}. Re-measure with `papermill notebooks/nb.ipynb "
+                            "notebooks/nb.ipynb -p mode measure -p device cpu`.")
     params_nan = json.dumps(record("nb", params={"size": "smoke", "k": 0})).replace('"k": 0', '"k": NaN')
     path.write_text(params_nan)
     with pytest.raises(ResultsError, match=r"holds nan at params\['k'\]"):
@@ -585,6 +592,8 @@ def test_nan_and_infinity_are_refused_on_read_naming_the_key(tmp_path, text, whe
     (lambda r: r.update(params=[1]), "is not a results file: params should be JSON objects"),
     (lambda r: r.update(data=[1, 2, 3], code="x"), "is not a results file: code, data should be JSON objects"),
     (lambda r: r.update(notebook=3), "is not a results file: notebook should be a string and JSON objects"),
+    (lambda r: r.update(params=[1], notebook=3),  # the string first, as the sentence says
+     "is not a results file: notebook, params should be a string and JSON objects"),
     (lambda r: r["provenance"].pop("slug"), "has no provenance slug (the device and date it was measured on)"),
     (lambda r: r["provenance"].update(kind=None, date=5),
      "has no provenance kind, date (the device and date it was measured on)"),
@@ -604,8 +613,10 @@ def test_a_malformed_record_is_a_clear_error(tmp_path, edit, problem):
 def test_an_unreadable_file_is_a_clear_error(tmp_path):
     path = tmp_path / "cpu" / "nb.json"
     path.mkdir(parents=True)  # a folder where the file should be
-    with pytest.raises(ResultsError, match=r"nb\.json cannot be read \(Is a directory\)\. Re-measure"):
+    with pytest.raises(ResultsError) as e:
         results.read(path)
+    assert str(e.value) == (f"{path.as_posix()} cannot be read (Is a directory). Re-measure with `papermill "
+                            "notebooks/nb.ipynb notebooks/nb.ipynb -p mode measure -p device cpu`.")
     deep = tmp_path / "cpu" / "deep.json"
     deep.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ResultsError, match="is not valid JSON"):
@@ -925,3 +936,59 @@ def test_audit_lists_damaged_stale_leftover_and_rescued_files_in_order(repo):
         ("rescued", "cpu/exp.json.rescued-20260101T000000Z", "a measurement whose write fail"),
     ]
     assert [p.parent.name for p, _ in results.stale_results(res, repo)] == ["b-gpu", "cpu"]
+
+
+def test_a_rescue_file_keeps_what_json_cannot_hold_under_a_plain_name(tmp_path, monkeypatch):
+    """A rescue file is named by a compact UTC stamp (no ':' for make, scp or Windows to trip on); an object
+    JSON cannot hold is kept by its repr, and a record json cannot write at all (a tuple key) as a whole repr."""
+    import numpy as np
+
+    class Thing:
+        def __repr__(self):
+            return "Thing(3)"
+
+    monkeypatch.setattr(results, "_now", lambda: "2026-05-06T07:08:09Z")
+    path = tmp_path / "cpu" / "exp.json"
+    path.parent.mkdir()
+    kept = results.rescue(path, {"data": {"obj": Thing(), "x": np.float32(1.5), "v": np.arange(2)}})
+    assert kept == tmp_path / "cpu" / "exp.json.rescued-20260506T070809Z"
+    assert json.loads(kept.read_text()) == {"data": {"obj": "Thing(3)", "x": 1.5, "v": [0, 1]}}
+    kept = results.rescue(tmp_path / "cpu" / "tup.json", {"data": {(1, 2): 3.5}})
+    assert kept.name == "tup.json.rescued-20260506T070809Z"
+    assert kept.read_text() == "{'data': {(1, 2): 3.5}}\n"
+
+
+def test_stamps_are_utc_whatever_the_local_time_zone():
+    """_now (lock files, seals, rescue names) ends in Z: it is UTC even where local time is 5:30 ahead."""
+    import calendar
+    import time
+
+    was = os.environ.get("TZ")
+    os.environ["TZ"] = "IST-05:30"
+    time.tzset()
+    try:
+        before = time.time()
+        stamp = results._now()
+        after = time.time()
+    finally:
+        if was is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = was
+        time.tzset()
+    at = calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))
+    assert int(before) - 1 <= at <= after + 1, (stamp, before)
+
+
+def test_every_input_is_checked_past_one_that_cannot_be_read(tmp_path):
+    """Inputs are checked in name order; a missing 00-a does not hide that 00-b changed, nor that 00-c did not."""
+    base = tmp_path / "cpu"
+    results.write(base / "00-b.json", record("00-b"))
+    results.write(base / "00-c.json", record("00-c"))
+    now_b, now_c = (results.read(base / f"{n}.json")["digest"] for n in ("00-b", "00-c"))
+    was_b = "sha256:" + "0" * 64
+    reasons = results.input_reasons({"inputs": {"00-c": now_c, "00-b": was_b, "00-a": was_b}}, base / "exp.json")
+    assert [r.split(" (")[0] for r in reasons] == [
+        f"its input {(base / '00-a.json').as_posix()} cannot be read",
+        f"its input {(base / '00-b.json').as_posix()} changed since it was measured"]
+    assert reasons[1].endswith(f"(digest 000000000000 then, {now_b[7:19]} now)")

@@ -401,6 +401,18 @@ def test_a_stuck_engine_fails_loudly_instead_of_spinning(monkeypatch):
     assert len(calls) == 6 and simulate_module.STALL_LIMIT == 3
 
 
+def test_a_finished_request_leaves_nothing_to_recompute_in_the_stall_limit(monkeypatch):
+    """Requests 0 and 1 (a full static batch of 2) prefill 4 tokens each and finish in turn 1: the KV they
+    may recompute drops back to 0. Turn 2 jumps to 5 s; turn 3 queues request 2, whose batch waits for
+    request 3 (at 6 s), and the stuck wake-up never gets there: turns 4 to 8 change nothing, and turn 9's
+    check, the 5th without progress, is over the limit of STALL_LIMIT 3 + 1 queue + 0 = 4."""
+    monkeypatch.setattr(simulate_module._Engine, "wake_time", lambda self: self.now)
+    reqs = [{"id": i, "arrival": t, "input": 4, "output": 1} for i, t in enumerate((0.0, 0.0, 5.0, 6.0))]
+    with pytest.raises(RuntimeError, match=r"^the simulation made no progress in 5 loop turns .* at t=5.000000 s: "
+                                           r"0 running; 1 queued; 2 of 4 done; 0 tokens of KV in use \(unbounded\);"):
+        serving.simulate(reqs, Microsecond(), serving.Policy("static", max_batch=2))
+
+
 def test_the_stuck_state_names_eight_running_requests_and_counts_the_rest():
     """The error's state lists the first 8 running requests (id, prefilled of target, generated of output)
     and counts the others; the KV capacity is named."""
@@ -411,6 +423,8 @@ def test_the_stuck_state_names_eight_running_requests_and_counts_the_rest():
     engine.running[9].prefilled, engine.running[0].generated, engine.kv_in_use = 2, 1, 7
     listed = ", ".join(f"{i} (prefilled 0/3, generated {int(i == 0)}/2)" for i in range(8))
     assert engine.state() == f"10 running: {listed} and 2 more; 0 queued; 0 of 10 done; 7 tokens of KV in use (of 50)"
+    engine.running = engine.requests[:9]
+    assert engine.state().startswith(f"9 running: {listed} and 1 more; 0 queued")
     engine.running = engine.requests[:8]
     assert engine.state().startswith(f"8 running: {listed}; 0 queued")
 
