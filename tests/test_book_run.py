@@ -63,3 +63,33 @@ def test_measuring_without_a_gpu_is_refused_unless_the_cpu_is_asked_for(monkeypa
     assert book.main(["run", "00-the-machine", "--mode", "measure", "--device", "cpu", "--output-dir",
                       str(tmp_path)]) == 0
     assert len(ran) == 1  # asked for the CPU explicitly: it runs
+
+
+def test_a_notebook_parameter_is_passed_only_if_the_notebook_has_it(monkeypatch, capsys, tmp_path):
+    ran = []
+    for var in (book.results.MODE_ENV, "PYTHONPATH"):
+        monkeypatch.setenv(var, os.environ.get(var, ""))
+    monkeypatch.setattr(book, "execute", lambda nb, out, params, **k: ran.append(params))
+    assert book.main(["run", "00-the-machine", "--mode", "replay", "-p", "size='smoke'", "--output-dir",
+                      str(tmp_path)]) == 0
+    assert ran == [{"size": "smoke"}]
+    assert book.main(["run", "00-the-machine", "--mode", "replay", "-p", "no_such_knob=3"]) == 2
+    err = capsys.readouterr().err
+    assert "has no parameter no_such_knob" in err and "mode, device, size" in err and len(ran) == 1
+    assert book.main(["run", "00-the-machine", "-p", "novalue"]) == 2
+    assert "NAME=VALUE" in capsys.readouterr().err
+
+
+def test_parameters_are_read_as_python_literals():
+    assert book.parse_parameters(["a=0.8", "b=[1, 2]", "c='x'", "d=llama-3"]) == \
+        {"a": 0.8, "b": [1, 2], "c": "x", "d": "llama-3"}
+    cell = nbformat.v4.new_code_cell("mode = 'auto'  # a comment\nfraction: float = 0.9\nx, y = 1, 2")
+    cell.metadata["tags"] = ["parameters"]
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("hidden = 1"), cell]
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"params-{os.getpid()}.ipynb"
+    nbformat.write(nb, path)
+    try:
+        assert book.parameter_names(path) == ["mode", "fraction"]
+    finally:
+        path.unlink()

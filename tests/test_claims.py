@@ -71,7 +71,37 @@ def test_glue_pastes_the_table_and_the_counts(monkeypatch):
     c.check("c", float("nan"), at_most=0)
     c.glue()
     assert pasted["claims_held"] == 1.0 and pasted["claims_total"] == 3.0
-    assert list(pasted["claims_table"]["holds"]) == ["yes", "NO", "NO"]
+    assert list(pasted["claims_table"].frame["holds"]) == ["yes", "NO", "NO"]
+    assert list(pasted["claims_table"].frame["claim"]) == ["a", "b", "c"]  # the claim is a column, not the index
+    assert pasted["book_targets"] == "[]" and "book_targets_table" not in pasted
+
+
+def test_a_target_is_reported_never_raised(monkeypatch):
+    import json
+
+    from lib.bench import glue
+
+    pasted = {}
+    monkeypatch.setattr(glue, "_paste", lambda name, value: pasted.__setitem__(name, value))
+    c = Claims(strict=True)
+    c.check("a claim", 1.0, at_least=0.5)
+    assert c.target("met goal", 1.0, at_least=0.97) is True
+    assert c.target("missed goal", 0.81, at_least=0.97) is False
+    assert c.target("no value", float("nan"), at_most=1.0) is False
+    c.report()  # strict, yet a missed target does not raise: it is not a claim
+    assert [x.text for x in c.failed] == []
+    c.glue()
+    goals = json.loads(pasted["book_targets"])
+    assert goals == [{"target": "met goal", "value": 1.0, "goal": ">= 0.97", "met": True},
+                     {"target": "missed goal", "value": 0.81, "goal": ">= 0.97", "met": False},
+                     {"target": "no value", "value": None, "goal": "<= 1", "met": False}]
+    assert list(pasted["book_targets_table"].frame["met"]) == ["yes", "no", "no"]
+    with pytest.raises(ValueError, match="no bound"):
+        c.target("unbounded", 1.0)
+    with pytest.raises(ValueError, match="unique"):
+        c.target("met goal", 2.0, at_least=0)
+    with pytest.raises(TypeError, match="must be a number"):
+        c.target("words", "fast", at_least=0)
 
 
 def test_a_claim_exactly_at_its_bound_holds():

@@ -1,6 +1,8 @@
 """The library's layers, checked from its imports (every import statement, at any depth of a module).
 
-- The book side of the machinery (claims, glue, plots) is imported only by notebooks, never from lib.
+- The book side of the machinery (claims, glue, plots) is imported only by notebooks and by the
+  diagrams (lib/diagrams: figures drawn from the library's own objects, for the pages), never from the
+  rest of lib; and nothing in lib but the diagrams imports the diagrams.
 - Nothing in lib imports tools/ (the site and the tuning sweeps use lib, not the other way round).
 - The kernels import nothing of lib but each other: they run anywhere torch and Triton do.
 - The ideas (costs, the pool, the prefix cache, the model, serving, workloads) never import the
@@ -17,6 +19,7 @@ from lib.bench import fingerprint
 from tests.conftest import ROOT
 
 BOOK_SIDE = {"lib.bench.claims", "lib.bench.glue", "lib.bench.plots"}
+DIAGRAMS = "lib.diagrams"
 
 
 def modules():
@@ -44,7 +47,10 @@ ALL = list(modules())
 @pytest.mark.parametrize("name, path", ALL, ids=[n for n, _ in ALL])
 def test_layers(name, path):
     imported = imports_of(name, path)
-    assert not imported & BOOK_SIDE or name in BOOK_SIDE, f"{name} imports the book side: {imported & BOOK_SIDE}"
+    book_side = name in BOOK_SIDE or name == DIAGRAMS or name.startswith(DIAGRAMS + ".")
+    assert not imported & BOOK_SIDE or book_side, f"{name} imports the book side: {imported & BOOK_SIDE}"
+    assert book_side or not any(m == DIAGRAMS or m.startswith(DIAGRAMS + ".") for m in imported), \
+        f"{name} imports the diagrams"
     assert not any(m == "tools" or m.startswith("tools.") for m in imported), f"{name} imports tools"
     lib_imports = {m for m in fingerprint.imported_modules(ast.parse(path.read_text()), name, path, ROOT)}
     if name.startswith("lib.kernels"):

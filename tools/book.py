@@ -3,6 +3,8 @@
     python tools/book.py run --mode measure                 # every notebook, in chapter order, in place
     python tools/book.py run --mode replay --reference nvidia-h200
     python tools/book.py run --mode measure --device cpu --size smoke --results-dir DIR --output-dir OUT
+    python tools/book.py run 03-kv-cache --mode replay -p memory_fraction=0.8 --output-dir OUT
+                                                            # a notebook parameter changed (an exercise)
     python tools/book.py check-fresh                        # stale, damaged or leftover results, exit 1 if any
     python tools/book.py seal results/nvidia-h200/01-matrix-shapes.json --input 00-the-machine
                                                             # add the digest to a record written without one
@@ -73,6 +75,11 @@ def run(args) -> int:
         params["reference"] = args.reference
     if args.results_dir:
         params["results_dir"] = str(Path(args.results_dir).resolve())
+    try:
+        extra = parse_parameters(getattr(args, "parameter", None) or [])
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
     # The kernels import lib from this checkout, installed or not (a GPU node with its own python).
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     from tools.site import status
@@ -82,14 +89,56 @@ def run(args) -> int:
     out_dir = Path(args.output_dir).resolve() if args.output_dir else None
     if out_dir:
         out_dir.mkdir(parents=True, exist_ok=True)
-    for i, nb_path in enumerate(notebooks, 1):
+    for nb_path in notebooks:
         if not nb_path.exists():
             print(f"no such notebook: {results.show(nb_path)}", file=sys.stderr)
             return 2
+    for nb_path in notebooks:
+        unknown = sorted(set(extra) - set(parameter_names(nb_path)))
+        if unknown:
+            print(f"{results.show(nb_path)} has no parameter {', '.join(unknown)}: its parameters cell defines "
+                  f"{', '.join(parameter_names(nb_path))}", file=sys.stderr)
+            return 2
+    params = {**params, **extra}
+    for i, nb_path in enumerate(notebooks, 1):
         out = (out_dir / nb_path.name) if out_dir else nb_path
         print(f"[{i}/{len(notebooks)}] {results.show(nb_path)} -> {results.show(out)} {params or ''}", flush=True)
         execute(nb_path, out, params, progress=not args.no_progress)
     return 0
+
+
+def parse_parameters(items: list[str]) -> dict:
+    """``["memory_fraction=0.8", "model='llama-3-70b'"]`` -> {name: value}; a value is read as a Python
+    literal (a number, a list, a quoted string) and otherwise kept as the string it is."""
+    import ast
+
+    out = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        name = name.strip()
+        if not sep or not name.isidentifier():
+            raise ValueError(f"-p {item!r}: write a parameter as NAME=VALUE, for example -p memory_fraction=0.8")
+        try:
+            out[name] = ast.literal_eval(raw.strip())
+        except (ValueError, SyntaxError):
+            out[name] = raw.strip()
+    return out
+
+
+def parameter_names(nb_path: Path) -> list[str]:
+    """The names the notebook's cell tagged ``parameters`` assigns (the ones -p may change)."""
+    import ast
+
+    import nbformat
+
+    nb = nbformat.read(nb_path, as_version=4)
+    names = []
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
+            for node in ast.parse(cell.source).body:
+                targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+                names += [t.id for t in targets if isinstance(t, ast.Name)]
+    return names
 
 
 def execute(nb_path: Path, out: Path, params: dict, progress: bool = False,
@@ -157,7 +206,8 @@ def devices(args) -> int:
         names = [n for n in status.chapter_notebooks(ROOT) if (base / slug / f"{n}.json").exists()]
         out = Path(args.output_dir) if args.output_dir else ROOT / status.DEVICES_DIR
         rc = run(argparse.Namespace(notebooks=names, mode="replay", device="auto", size="auto", reference=slug,
-                                    results_dir=args.results_dir, output_dir=str(out / slug), no_progress=True))
+                                    results_dir=args.results_dir, output_dir=str(out / slug), no_progress=True,
+                                    parameter=[]))
         if rc:
             return rc
     return 0
@@ -175,6 +225,8 @@ def main(argv=None) -> int:
     r.add_argument("--results-dir", default=None)
     r.add_argument("--output-dir", default=None, help="write executed notebooks here instead of in place")
     r.add_argument("--no-progress", action="store_true")
+    r.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=VALUE",
+                   help="set a parameter of the notebooks' parameters cell, e.g. -p memory_fraction=0.8")
     c = sub.add_parser("check-fresh", help="list stale, damaged or leftover results")
     c.add_argument("--results-dir", default=None)
     c.add_argument("--root", default=None, help="the repository whose code is checked (default: this one)")

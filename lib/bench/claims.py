@@ -5,6 +5,11 @@ is at least 0.85 of the datasheet's"). Replaying the reference set, a claim that
 error, so CI fails; measuring on another machine it is a visible warning, because other hardware
 may legitimately differ and the reader should see where.
 
+A claim teaches: it is a statement the chapter makes, with its bound from the theory or the prediction.
+A target is different: a goal the book set for its own code ("the kernel at least 0.97 of SDPA's speed
+at every shape"). ``target`` records it beside the claims; it is shown in its own table and on the
+status page, met or missed, and never fails the notebook.
+
 Chapters: all (each notebook ends with ``claims.report()``).
 """
 
@@ -51,6 +56,23 @@ class Claims:
     def __init__(self, strict: bool):
         self.strict = bool(strict)
         self.items: list[Claim] = []
+        self.targets: list[Claim] = []
+
+    def target(self, text: str, value: float, *, at_least: float | None = None,
+               at_most: float | None = None) -> bool:
+        """Record a target the book set for its own code; returns whether it is met. Never raises on a
+        miss: a missed target is reported (the targets table, the status page), not a failed claim."""
+        if at_least is None and at_most is None:
+            raise ValueError(f"target {text!r} has no bound: give at_least=, at_most= or both")
+        if not text or any(c.text == text for c in self.targets):
+            raise ValueError(f"target text must be non-empty and unique; {text!r} is empty or already used")
+        try:
+            value = float(value)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"target {text!r}: value must be a number, got {value!r}") from e
+        goal = Claim(text, value, at_least, at_most)
+        self.targets.append(goal)
+        return goal.holds
 
     def check(self, text: str, value: float, *, at_least: float | None = None, at_most: float | None = None) -> bool:
         """Record that ``value`` should lie within the bounds; returns whether it does."""
@@ -82,14 +104,37 @@ class Claims:
             }
         ).set_index("claim")
 
+    def targets_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(
+            {
+                "target": [c.text for c in self.targets],
+                "value": [f"{c.value:.4g}" for c in self.targets],
+                "goal": [c.bound for c in self.targets],
+                "met": ["yes" if c.holds else "no" for c in self.targets],
+            }
+        )
+
+    def targets_record(self) -> str:
+        """The targets as JSON text (what the status page lists): text, value, goal, met."""
+        import json
+
+        return json.dumps([{"target": c.text, "value": c.value if math.isfinite(c.value) else None,
+                            "goal": c.bound, "met": c.holds} for c in self.targets])
+
     def glue(self) -> None:
         """Glue the table as ``claims_table``, and ``claims_held`` and ``claims_total`` (the book's status
-        page counts them)."""
+        page counts them); the targets as ``book_targets`` (JSON text, listed on the status page) and,
+        when there are any, their table as ``book_targets_table``."""
         from lib.bench import glue
 
         glue.table("claims_table", self.frame())
         glue.number("claims_held", len(self.items) - len(self.failed))
         glue.number("claims_total", len(self.items))
+        glue.text("book_targets", self.targets_record())
+        if self.targets:
+            glue.table("book_targets_table", self.targets_frame())
 
     def report(self) -> None:
         """Show the table; then raise (strict) or warn (otherwise) if a claim does not hold."""
@@ -99,6 +144,8 @@ class Claims:
             from IPython.display import display
 
             display(self.frame())
+            if self.targets:
+                display(self.targets_frame())
         except ImportError:  # pragma: no cover - outside a notebook
             print(self.frame().to_string())
         bad = self.failed

@@ -1,12 +1,16 @@
 """One plotting style for the whole book.
 
-Every figure: the same size and fonts, log axes where sizes span decades, units in the axis labels,
-and a caption line that says what was measured, on which device, on which date, and how.
+Every figure: the same width as the page column and fonts that stay at least 9 pt as shown there
+(``glue.figure`` refuses smaller ones), panels stacked one per row, log axes where sizes span decades
+with plain tick labels (1, 4, 16, 1k, 4k; 16 MiB), units in the axis labels, and a caption line that says
+what was measured, on which device, on which date, and how.
 
 Chapters: all.
 """
 
 from __future__ import annotations
+
+import math
 
 import matplotlib
 
@@ -22,6 +26,8 @@ matplotlib.rcParams.update(
         "grid.alpha": 0.3,
         "grid.linestyle": "-",
         "legend.fontsize": 9,
+        "xtick.labelsize": 9.5,
+        "ytick.labelsize": 9.5,
         "legend.frameon": False,
         "lines.linewidth": 1.6,
         "lines.markersize": 4.5,
@@ -31,8 +37,12 @@ matplotlib.rcParams.update(
 )
 
 import matplotlib.pyplot as plt  # noqa: E402  (after the style is set)
-from matplotlib.ticker import FuncFormatter  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
+# the width of a figure, in inches: at the style's dpi it is the page column's width in pixels, so
+# text is shown at its own size (``lib.bench.glue`` checks it against ``COLUMN_PX``)
+WIDTH_IN = 7.0
+PANEL_HEIGHT_IN = 2.7
 UNITS = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"), (1, "B")]
 
 
@@ -51,13 +61,48 @@ def bytes_axis(ax, which: str = "x") -> None:
     axis.set_major_formatter(FuncFormatter(lambda v, _: human_bytes(v)))
 
 
-def figure(title: str, xlabel: str, ylabel: str, *, logx: bool = False, logy: bool = False, ncols: int = 1):
-    """A styled figure; labels must carry units, e.g. 'time per call (us)'."""
+def plain_number(v: float, base: int = 10) -> str:
+    """A tick label without exponents: 4 -> '4', 4096 -> '4k' (base 2: thousands are 1024), 0.25 -> '0.25'."""
+    step = 1024 if base == 2 else 1000
+    for scale, suffix in ((step**3, "G"), (step**2, "M"), (step, "k")):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g}{suffix}"
+    return f"{v:.3g}"
+
+
+def plain_log(ax, which: str = "x") -> None:
+    """Label a log axis with plain numbers (1, 2, 5, 10, ... or 1, 4, 16, 64, 1k) instead of 10^3 or 4x10^3.
+
+    Within two decades the 2s and 5s (base 10) or every power (base 2) are labelled, so a short axis
+    still carries several labels; minor ticks are never labelled.
+    """
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    base = int(round(getattr(axis.get_transform(), "base", 10)))
+    lo, hi = sorted(ax.get_xlim() if which == "x" else ax.get_ylim())
+    decades = (math.log10(hi / lo) if lo > 0 and hi > 0 else 3.0)
+    subs = (1.0, 2.0, 5.0) if base == 10 and decades <= 2.2 else (1.0,)
+    axis.set_major_locator(LogLocator(base=base, subs=subs, numticks=12))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: plain_number(v, base)))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def figure(title: str, xlabel: str, ylabel: str, *, logx: bool = False, logy: bool = False, panels: int = 1,
+           ncols: int | None = None, sharex: bool = False):
+    """A styled figure; labels must carry units, e.g. 'time per call (us)'.
+
+    ``panels`` (or its old name ``ncols``) stacks that many axes one per row, so that each keeps the
+    column's full width; returns one axis, or the list of them.
+    """
     for label in (xlabel, ylabel):
         if "(" not in label:
             raise ValueError(f"axis label {label!r} has no unit in parentheses, e.g. 'bandwidth (GB/s)'")
-    fig, axes = plt.subplots(1, ncols, figsize=(7.0 if ncols == 1 else 11.0, 4.2), squeeze=False)
-    for ax in axes[0]:
+    n = int(ncols if ncols is not None else panels)
+    if n < 1:
+        raise ValueError(f"a figure needs at least one panel, got {n}")
+    height = 4.2 if n == 1 else PANEL_HEIGHT_IN * n + 0.6
+    fig, axes = plt.subplots(n, 1, figsize=(WIDTH_IN, height), squeeze=False, sharex=sharex)
+    axes = [row[0] for row in axes]
+    for ax in axes:
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         if logx:
@@ -65,7 +110,12 @@ def figure(title: str, xlabel: str, ylabel: str, *, logx: bool = False, logy: bo
         if logy:
             ax.set_yscale("log")
     fig.suptitle(title)
-    return fig, (axes[0][0] if ncols == 1 else list(axes[0]))
+    return fig, (axes[0] if n == 1 else axes)
+
+
+def legend_outside(ax, **kwargs) -> None:
+    """A legend to the right of the axes, off the data."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, **kwargs)
 
 
 def caption(result, how: str) -> str:
@@ -75,7 +125,17 @@ def caption(result, how: str) -> str:
 
 
 def finish(fig, result, how: str):
-    """Add the caption line under the axes and tidy the layout."""
-    fig.text(0.01, 0.005, caption(result, how), fontsize=8, color="0.35", ha="left", va="bottom", wrap=True)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    """Add the caption line under the axes, label every log axis plainly and tidy the layout."""
+    plain_axes(fig)
+    lines = max(1, len(caption(result, how)) // 95 + 1)
+    fig.text(0.01, 0.005, caption(result, how), fontsize=9, color="0.3", ha="left", va="bottom", wrap=True)
+    fig.tight_layout(rect=(0, min(0.2, 0.22 * lines / fig.get_figheight()), 1, 1))
     return fig
+
+
+def plain_axes(fig) -> None:
+    """Give every log axis of ``fig`` plain tick labels, unless it already has its own (bytes_axis)."""
+    for ax in fig.axes:
+        for which, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
+            if axis.get_scale() == "log" and not isinstance(axis.get_major_formatter(), FuncFormatter):
+                plain_log(ax, which)

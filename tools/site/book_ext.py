@@ -9,7 +9,8 @@
 - ``{book-devices}``: every chapter's headline numbers on every device in results/, side by side.
 - ``{glue:figure}`` with ``:doc:``: a chapter page pastes its notebook's figure or table inside a
   numbered, captioned figure that the prose can reference (myst-nb's own directive reads only the
-  glue of the page it is on).
+  glue of the page it is on). One named ``tab-...`` is a table (``ResultsTable``): numbered "Table N",
+  on its own counter, and referenced as such.
 """
 
 from __future__ import annotations
@@ -35,6 +36,27 @@ MATHJAX_PARTS = ("tex-mml-chtml.js", "input/tex/extensions", "output/chtml/fonts
 
 class MathJaxError(RuntimeError):
     pass
+
+
+def _figure_node_classes():
+    from docutils import nodes
+
+    class ResultsTable(nodes.figure):
+        """A glued results table with its caption: numbered "Table N" (Sphinx's table counter)."""
+
+    return ResultsTable
+
+
+ResultsTable = _figure_node_classes()
+TABLE_PREFIX = "tab-"
+
+
+def _visit_results_table(self, node):
+    self.visit_figure(node)
+
+
+def _depart_results_table(self, node):
+    self.depart_figure(node)
 
 
 def _cache_dir() -> Path:
@@ -168,9 +190,20 @@ def _directives():
             fresh = sum(1 for r in rows if r.get("fresh"))
             held = sum(r["claims_held"] or 0 for r in rows)
             total = sum(r["claims_total"] or 0 for r in rows)
+            goals = [(r["chapter"], g) for r in rows for g in r["targets"]]
+            missed = [(c, g) for c, g in goals if not g["met"]]
             summary = nodes.paragraph(text=f"{fresh} of {len(rows)} chapters have fresh reference results; "
-                                           f"{held:.0f} of {total:.0f} claims hold.")
-            return [summary, table]
+                                           f"{held:.0f} of {total:.0f} claims hold. The chapters set "
+                                           f"{len(goals)} targets for the book's own code: "
+                                           f"{len(goals) - len(missed)} met, {len(missed)} missed.")
+            out = [summary, table]
+            if goals:
+                out.append(nodes.paragraph(text="The targets, each with its value on the reference "
+                                                "measurements (a missed target is listed here, not as a claim):"))
+                out.append(_table(["chapter", "target", "value", "goal", "met"],
+                                  [[c, g["target"], fmt(g["value"]), g["goal"], "yes" if g["met"] else "MISSED"]
+                                   for c, g in sorted(goals, key=lambda cg: cg[1]["met"])]))
+            return out
 
     class BookDevices(SphinxDirective):
         """Every chapter's headline numbers on every device with results (status.device_rows)."""
@@ -217,7 +250,8 @@ def _paste_figure_from_doc():
                                               self.arguments[0])
             except PendingGlueReferenceError as exc:
                 return [glue_warning(str(exc), self.document, self.line)]
-            figure = nodes.figure("", ref)
+            is_table = self.options.get("name", "").startswith(TABLE_PREFIX)
+            figure = (ResultsTable if is_table else nodes.figure)("", ref)
             self.set_source_info(figure)
             if self.options.get("figwidth") is not None:
                 figure["width"] = self.options["figwidth"]
@@ -250,5 +284,7 @@ def setup(app):
     app.add_directive("book-status", status)
     app.add_directive("book-devices", devices)
     app.add_directive_to_domain("glue", "figure", _paste_figure_from_doc(), override=True)
+    app.add_enumerable_node(ResultsTable, "table", html=(_visit_results_table, _depart_results_table),
+                            latex=(_visit_results_table, _depart_results_table))
     app.add_css_file("book.css")
     return {"parallel_read_safe": True, "parallel_write_safe": True}

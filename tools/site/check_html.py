@@ -12,8 +12,13 @@ no network), after MathJax has typeset and every image has loaded or failed. A p
   placeholder left as text);
 - a broken internal link (a page or file that is not in the site, or an anchor that is not on the page);
 - a JavaScript error (an uncaught exception or an error logged to the console);
-- on the chapter pages (book/), a figure without an id or caption, one that no link on the page
-  points to, or a table of results outside a figure.
+- on the book's pages (book/), a figure without an id or caption, one that no link on the page
+  points to, a table of results outside a figure, a table numbered as a figure ("Fig. N" on a table),
+  a table cell that prints NaN or an integer as 32.0, and a figure whose text is shown under 9 pt: the
+  PNG records its smallest font and dpi (lib.bench.glue.figure), and the width the browser gives the
+  image sets the size the reader sees;
+- on a chapter page (book/NN-...), no "Key takeaways" box, fewer than three exercises, or no
+  references section with at least one entry.
 
 A full-page screenshot of each page (over HTTP) is saved under --screenshots for a person to look at.
 Exit status 1 if any page fails; the problems are listed page by page.
@@ -32,6 +37,8 @@ import urllib.parse
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script: lib.bench.glue holds the figures' legibility rule
+    sys.path.insert(0, str(ROOT))
 CHROMIUM = "/usr/bin/chromium"
 # flags for a closed network (no background connections) and a root user in a container
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -75,9 +82,38 @@ async () => {
     const referenced = !!f.id && Array.from(hrefs).some(h => h.endsWith("#" + f.id));
     return {id: f.id, caption: cap ? cap.textContent.trim() : "", referenced};
   });
-  const looseTables = Array.from(document.querySelectorAll("table.dataframe")).filter(t => !t.closest("figure")).length;
+  const resultTables = Array.from(document.querySelectorAll("table.dataframe, table.book-table"));
+  const looseTables = resultTables.filter(t => !t.closest("figure")).length;
+  const tablesAsFigures = Array.from(document.querySelectorAll("figure")).filter(f =>
+      (f.querySelector("table") || (f.id || "").startsWith("tab-")) &&
+      /^\s*Fig/.test((f.querySelector("figcaption") || {textContent: ""}).textContent))
+    .map(f => f.id || "(no id)");
+  const badCells = [];
+  resultTables.forEach(t => t.querySelectorAll("td").forEach(td => {
+    const s = td.textContent.trim();
+    if (/^-?nan$/i.test(s) || /^-?\d+\.0+$/.test(s)) badCells.push(s);
+  }));
+  const clipped = resultTables.filter(t => {
+    let box = t.parentElement;
+    while (box && box !== document.body) {
+      const o = getComputedStyle(box).overflowX;
+      if (o === "auto" || o === "scroll") return false;
+      if (t.getBoundingClientRect().right > box.getBoundingClientRect().right + 1) return true;
+      box = box.parentElement;
+    }
+    return false;
+  }).length;
+  const figureImages = Array.from(document.querySelectorAll("figure img")).map(i => ({
+      src: i.getAttribute("src"), natural: i.naturalWidth, shown: i.getBoundingClientRect().width,
+      figure: (i.closest("figure") || {}).id || ""}));
+  const takeaways = document.querySelectorAll(".admonition.key-takeaways").length;
+  const exercises = document.querySelectorAll("div.exercise").length;
+  const solutions = document.querySelectorAll("div.solution").length;
+  const bibliography = document.querySelectorAll('[role="doc-biblioentry"], .citation').length;
+  const referencesSection = !!document.querySelector("section#references");
   return {rawTex, leftovers, untypeset, texErrors, brokenImages, unresolvedRefs, links, ids, figures, looseTables,
-          mathCount: math.length};
+          tablesAsFigures, badCells, clipped, figureImages, takeaways, exercises, solutions, bibliography,
+          referencesSection, mathCount: math.length};
 }
 """
 
@@ -141,6 +177,64 @@ def inspect_page(context, url: str):
     return seen, errors, page
 
 
+MIN_SHOWN_PT = 9.0
+MIN_EXERCISES = 3
+CHAPTER_PAGE = re.compile(r"^book/\d\d-[^/]+\.html$")
+
+
+def png_font_record(path: Path) -> tuple[float, float] | None:
+    """(smallest font in points, dpi) that lib.bench.glue.figure wrote into a PNG, or None."""
+    from lib.bench import glue
+
+    try:
+        from PIL import Image
+
+        with Image.open(path) as im:
+            text = dict(getattr(im, "text", {}) or {})
+    except (OSError, ValueError):
+        return None
+    if glue.PNG_FONT_KEY not in text or glue.PNG_DPI_KEY not in text:
+        return None
+    return float(text[glue.PNG_FONT_KEY]), float(text[glue.PNG_DPI_KEY])
+
+
+def figure_text_problems(images: list[dict], resolve) -> list[str]:
+    """Figures whose text the reader sees under MIN_SHOWN_PT: ``resolve(src)`` gives the PNG's file."""
+    from lib.bench import glue
+
+    out = []
+    for img in images:
+        path = resolve(img["src"])
+        if path is None or not path.exists() or not img["natural"]:
+            continue
+        record = png_font_record(path)
+        name = img["figure"] or img["src"]
+        if record is None:
+            out.append(f"figure {name!r}: its image does not record its font size (glue it with "
+                       f"lib.bench.glue.figure, which checks that it is legible)")
+            continue
+        font, dpi = record
+        shown = glue.shown_pt(font, dpi, img["natural"], img["shown"])
+        if shown < MIN_SHOWN_PT:
+            out.append(f"figure {name!r}: its smallest text is shown at {shown:.1f} pt (under {MIN_SHOWN_PT:.0f} pt): "
+                       f"the {img['natural']}-pixel image is shown {img['shown']:.0f} pixels wide")
+    return out
+
+
+def chapter_problems(seen: dict) -> list[str]:
+    """What a chapter page must have: a Key takeaways box, exercises, a references section."""
+    out = []
+    if not seen["takeaways"]:
+        out.append("chapter without a 'Key takeaways' box (an admonition with class key-takeaways)")
+    if seen["exercises"] < MIN_EXERCISES:
+        out.append(f"chapter with {seen['exercises']} exercises (at least {MIN_EXERCISES}, sphinx-exercise)")
+    if seen["solutions"] < seen["exercises"]:
+        out.append(f"{seen['exercises'] - seen['solutions']} exercise(s) without a solution")
+    if not seen["referencesSection"] or not seen["bibliography"]:
+        out.append("chapter without a references section listing at least one reference")
+    return out
+
+
 def problems_of(seen: dict, errors: list[str], chapter: bool) -> list[str]:
     """What is wrong with a page, from what INSPECT saw and the errors logged while it loaded."""
     out = list(errors)
@@ -160,6 +254,10 @@ def problems_of(seen: dict, errors: list[str], chapter: bool) -> list[str]:
                 out.append(f"figure {f['id']!r} has no real caption: {f['caption']!r}")
         if seen["looseTables"]:
             out.append(f"{seen['looseTables']} table(s) of results outside a captioned figure")
+        out += [f"table {i!r} is numbered as a figure (name it tab-..., a Table)" for i in seen["tablesAsFigures"]]
+        out += [f"table cell prints {s!r} (NaN, or an integer as a float)" for s in dict.fromkeys(seen["badCells"])]
+        if seen["clipped"]:
+            out.append(f"{seen['clipped']} table(s) wider than the column and clipped (no horizontal scroll)")
     return out
 
 
@@ -198,6 +296,13 @@ def check_site(site: Path, screenshots: Path | None = None, chromium: str = CHRO
                 for how, url in transports:
                     seen, errors, page = inspect_page(context, url)
                     probs += [f"[{how}] {p}" for p in problems_of(seen, errors, chapter)]
+                    if how == "http" and chapter:
+                        def resolve(src, url=url):
+                            t = _target(site, base, url, src)
+                            return t[0] if t else None
+                        probs += [f"[{how}] {p}" for p in figure_text_problems(seen["figureImages"], resolve)]
+                        if CHAPTER_PAGE.match(rel):
+                            probs += [f"[{how}] {p}" for p in chapter_problems(seen)]
                     if how == "http":
                         ids[path] = set(seen["ids"])
                         for href in seen["links"]:

@@ -13,6 +13,7 @@ Chapters: the status page and the devices page (rendered by tools/site/book_ext.
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 from pathlib import Path
@@ -64,8 +65,27 @@ def glued(notebook_path: Path) -> dict:
             try:
                 out[name] = float(text)
             except ValueError:
-                out[name] = text.strip().strip("'\"")
+                try:  # a glued string is saved as its repr
+                    value = ast.literal_eval(text.strip())
+                except (ValueError, SyntaxError):
+                    value = None
+                out[name] = value if isinstance(value, str) else text.strip().strip("'\"")
     return out
+
+
+def targets_of(glued_values: dict) -> list[dict]:
+    """The targets a notebook recorded (``Claims.target``, glued as ``book_targets``): a list of
+    {target, value, goal, met}; empty when it recorded none."""
+    raw = glued_values.get("book_targets")
+    if raw is None:
+        return []
+    try:
+        goals = json.loads(raw)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"book_targets is not the JSON list Claims.glue writes: {raw!r}") from e
+    if not isinstance(goals, list) or any(set(g) != {"target", "value", "goal", "met"} for g in goals):
+        raise ValueError(f"book_targets does not hold {{target, value, goal, met}} records: {raw!r}")
+    return goals
 
 
 def devices(results_dir: Path | None = None) -> list[str]:
@@ -92,6 +112,7 @@ def status_rows(results_dir: Path | None = None, root: Path = ROOT, slug: str = 
         g = glued(Path(root) / "notebooks" / f"{nb}.ipynb")
         row["claims_held"] = g.get("claims_held")
         row["claims_total"] = g.get("claims_total")
+        row["targets"] = targets_of(g)
         rows.append(row)
     return rows
 

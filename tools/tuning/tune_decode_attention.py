@@ -492,6 +492,38 @@ def sweep_short(out_path, budget_s=100.0):
         torch.cuda.empty_cache()
 
 
+def sweep_short_warps(out_path):
+    """Short MQA contexts (B = 64, one KV head, 32 query heads, 128 to 1024 tokens): the whole group of 32
+    heads in one program with one or two warps (16 score rows per warp, so the online softmax's row
+    maxima and sums stay inside a warp), tiles of 32 to 128 tokens, one to four splits; and blocks of 16
+    heads with one warp. Each launch checked, then SDPA, the default and the best three in interleaved
+    rounds (``_best_three``). Page 16."""
+    dev = "cuda"
+    gen = torch.Generator(device=dev).manual_seed(0)
+    t_of, l2 = _timer(0.3, 5)
+    rows = []
+    configs = [dict(head_block=32, num_warps=w, block_n=bn, num_splits=s)
+               for w in (1, 2) for bn in (32, 64, 128) for s in (1, 2, 4)]
+    configs += [dict(head_block=16, num_warps=1, block_n=bn, num_splits=s) for bn in (32, 64, 128) for s in (1, 2)]
+    for B, L in [(64, 512), (64, 128), (64, 1024)]:
+        data = [make(B, 32, 1, L, 128, 16, dev, gen) for _ in range(timing.rotation(2 * B * L * 128 * 2, l2))]
+        ref = da.reference(data[0][0][:2], *data[0][3:6], data[0][6][:2])
+        sdpa = [lambda d=d: F.scaled_dot_product_attention(d[0].unsqueeze(2), d[1], d[2], enable_gqa=True) for d in data]
+        plan_default, default = _checked_plan(data, ref, "paged", {})
+        found = []
+        for kw in configs:
+            if kw["num_splits"] * kw["block_n"] > L:
+                continue
+            try:
+                found.append((t_of(_checked_plan(data, ref, "paged", kw)[1]), kw))
+            except Exception as e:  # a launch the compiler rejects (shared memory, registers)
+                print("failed", (B, L), kw, type(e).__name__, str(e)[:80], flush=True)
+        rows.append(dict(B=B, L=L, H_kv=1, **_best_three(found, sdpa, default, plan_default, data, ref, t_of, (B, L, 1))))
+        _write(rows, out_path)
+        del data
+        torch.cuda.empty_cache()
+
+
 def _launch_search(out_path, shapes, configs_of, budget_s):
     """Page 16, groups of 32 // H_kv query heads: at each (B, L, H_kv) of ``shapes``, every launch that
     ``configs_of(B, L, H_kv, plan_default)`` yields (DecodeAttention keywords), checked and timed, until
@@ -654,13 +686,16 @@ def main():
     ap.add_argument("--warps", action="store_true", help="warps per program with small tiles, against SDPA")
     ap.add_argument("--mqa", action="store_true", help="tile, warps and splits for 32 query heads per KV head")
     ap.add_argument("--short", action="store_true", help="whole-context tiles and pipeline depth at short MQA contexts")
+    ap.add_argument("--short-warps", action="store_true",
+                    help="short MQA contexts: the whole group of 32 heads with one or two warps")
     ap.add_argument("--deep", action="store_true", help="seed: one or two splits, many tiles in flight")
     ap.add_argument("--wide", action="store_true", help="few wide steps per program: tiles of 64 to 256, many splits")
     ap.add_argument("--depth", action="store_true", help="pipeline depth, splits and hints for the rule's tile")
     ap.add_argument("--reads", action="store_true",
                     help="the fastest read of the step's bytes (pages of 16, contiguous) against SDPA")
     args = ap.parse_args()
-    sweeps = {"reads": sweep_reads, "depth": sweep_depth, "wide": sweep_wide, "deep": sweep_deep,
+    sweeps = {"short_warps": sweep_short_warps, "reads": sweep_reads,
+              "depth": sweep_depth, "wide": sweep_wide, "deep": sweep_deep,
               "short": sweep_short, "mqa": sweep_mqa, "warps": sweep_warps, "per_page": sweep_per_page, "heads": sweep_heads,
               "long_mqa": sweep_long_mqa, "pipeline": sweep_pipeline, "splits": sweep_splits, "pages": sweep_pages}
     for flag, sweep in sweeps.items():
