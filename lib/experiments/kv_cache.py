@@ -402,3 +402,49 @@ def measure(p: dict, device: str, plans, paths, floors) -> dict:
     print("short contexts done", flush=True)
     return {"l2_bytes": l2, "check": check, "points": points, "pages": pages, "paging": paging, "short": short}
 
+
+
+# The analysis (chapter 3's page): what a serving engine plans from these formulas. Nothing below measures.
+
+
+def weights_bytes(model: dict = costs.LLAMA3_8B, b: int = 2) -> dict:
+    """The bytes of a model's weights in b-byte elements: ``read`` per decode step (every linear layer and the
+    LM head, which multiply the step's activations by their whole matrices) and ``resident`` on the GPU
+    (those and the embedding table, of which a step only gathers the rows of its tokens). Norms are left out
+    (a few hundred thousand weights)."""
+    linears = model["layers"] * sum(k * n for k, n in model["linears"].values())
+    table = model["vocab"] * model["hidden"]  # the LM head and the embedding table are each vocab x hidden
+    return {"linears": b * linears, "read": b * (linears + table), "resident": b * (linears + 2 * table)}
+
+
+def kv_capacity_tokens(memory_bytes: float, utilization: float, resident_bytes: float, per_token_bytes: float,
+                       block_size: int = 16) -> int:
+    """Tokens of KV cache that fit on a GPU of ``memory_bytes`` when an engine may use ``utilization`` of it
+    (vLLM's ``gpu_memory_utilization``) and the weights take ``resident_bytes``, in whole blocks of
+    ``block_size`` tokens: floor((utilization * memory - weights) / (per_token * block_size)) * block_size.
+    An upper bound: an engine also sets memory aside for activations and CUDA graphs (vLLM measures it by
+    a profiling run at start-up)."""
+    if not 0 < utilization <= 1:
+        raise ValueError(f"utilization must lie in (0, 1] (a fraction of the GPU's memory), got {utilization!r}")
+    if per_token_bytes <= 0 or block_size < 1:
+        raise ValueError(f"per_token_bytes and block_size must be positive, got {per_token_bytes} and {block_size}")
+    free = utilization * memory_bytes - resident_bytes
+    if free < per_token_bytes * block_size:
+        raise ValueError(f"the weights ({resident_bytes / 2**30:.1f} GiB) leave no room for one block of KV cache in "
+                         f"{utilization} of {memory_bytes / 2**30:.1f} GiB: raise the utilization, or use a GPU "
+                         "with more memory (or several, with tensor parallelism)")
+    return int(free // (per_token_bytes * block_size)) * block_size
+
+
+def max_batch(capacity_tokens: int, context: int, block_size: int = 16) -> int:
+    """Requests of ``context`` tokens each whose KV blocks fit in ``capacity_tokens`` (whole blocks per
+    request: a request's last block is allocated whole)."""
+    if context < 1:
+        raise ValueError(f"context must be at least one token, got {context!r}")
+    return (capacity_tokens // block_size) // -(-context // block_size)
+
+
+def predicted_us(nbytes: float, read_bw_GBps: float, launch_us: float) -> float:
+    """The chapter's prediction for one decode-attention call: its K and V bytes at the best streaming read
+    rate chapter 0 measured, plus the launch floor of one kernel in a CUDA graph."""
+    return nbytes / read_bw_GBps / 1e3 + launch_us

@@ -248,10 +248,19 @@ def call_over_gpu_summary(items: pd.DataFrame) -> pd.DataFrame:
     }, index=[SHORT, LONG])
 
 
+def ridge(p_tflops: float, bw_GBps: float) -> float:
+    """The ridge P / BW in FLOP per byte (TFLOP/s over GB/s, times 1000)."""
+    return p_tflops * 1e3 / bw_GBps
+
+
 def against_datasheet(c: dict, sheet: dict) -> pd.DataFrame:
-    """Each ceiling (``lib.bench.ceilings``) beside the datasheet's figure (NaN without a datasheet)."""
+    """Each ceiling (``lib.bench.ceilings``) beside the datasheet's figure (NaN without a datasheet).
+
+    Two ridges: bf16 over the read rate (for read-dominated work: a linear layer reads its weights) and
+    bf16 over the copy rate; the datasheet has one HBM rate, so one ridge for both.
+    """
     nan = float("nan")
-    ridge_sheet = sheet["bf16_tflops"] * 1e12 / (sheet["hbm_GBps"] * 1e9) if sheet else nan
+    ridge_sheet = ridge(sheet["bf16_tflops"], sheet["hbm_GBps"]) if sheet else nan
     rows = [
         ("copy bandwidth (GB/s)", c["copy_bw_GBps"], sheet.get("hbm_GBps", nan)),
         ("read bandwidth (GB/s)", c["read_bw_GBps"], sheet.get("hbm_GBps", nan)),
@@ -259,16 +268,71 @@ def against_datasheet(c: dict, sheet: dict) -> pd.DataFrame:
         ("fp16 matmul (TFLOP/s)", c["fp16_tflops"], sheet.get("fp16_tflops", nan)),
         ("tf32 matmul (TFLOP/s)", c["tf32_tflops"], sheet.get("tf32_tflops", nan)),
         ("fp32 matmul (TFLOP/s)", c["fp32_tflops"], sheet.get("fp32_tflops", nan)),
-        ("ridge, bf16 / copy (FLOP/byte)", c["ridge_flop_per_byte"], ridge_sheet),
+        ("ridge, bf16 / read (FLOP/byte)", ridge(c["bf16_tflops"], c["read_bw_GBps"]), ridge_sheet),
+        ("ridge, bf16 / copy (FLOP/byte)", ridge(c["bf16_tflops"], c["copy_bw_GBps"]), ridge_sheet),
     ]
     return pd.DataFrame(
         [{"ceiling": k, "measured": v, "datasheet": s, "measured / datasheet": v / s} for k, v, s in rows]
     ).set_index("ceiling")
 
 
+# The prediction, written from the datasheet before measuring: each rate as a band of the datasheet's figure.
+PREDICTED = {
+    # HBM moves data in bursts of rows; refreshing the DRAM, opening new rows and turning the bus around
+    # between reads and writes cost a tenth or more of the pins' rate
+    "copy": (0.85, 0.90),
+    # a stream of reads alone has no read/write turnarounds: at least the copy's fraction
+    "read": (0.85, 0.95),
+    # the datasheet counts every tensor core at its rated clock; a long product draws enough power to pull
+    # the clock down under the power limit, and the rate with it
+    "bf16": (0.70, 0.80),
+}
+
+
+def band(value: float, low: float, high: float) -> str:
+    """Where ``value`` lies against the band [low, high]: "inside", "above" or "below" (NaN: "not measured")."""
+    if not value == value:  # NaN
+        return "not measured"
+    return "below" if value < low else "above" if value > high else "inside"
+
+
+def prediction(sheet: dict) -> pd.DataFrame:
+    """The predicted ceilings (``PREDICTED``) in their units: low, high and the middle of the band.
+
+    The ridge's band follows from the others: bf16's low end over the read's high end, and the reverse.
+    Empty without a datasheet (a device the book has none for).
+    """
+    if not sheet:
+        return pd.DataFrame(columns=["quantity", "datasheet", "low", "high", "predicted"])
+    (cl, ch), (rl, rh), (bl, bh) = PREDICTED["copy"], PREDICTED["read"], PREDICTED["bf16"]
+    ridge_sheet = ridge(sheet["bf16_tflops"], sheet["hbm_GBps"])
+    rows = [
+        ("copy bandwidth (GB/s)", sheet["hbm_GBps"], cl, ch),
+        ("read bandwidth (GB/s)", sheet["hbm_GBps"], rl, rh),
+        ("bf16 matmul (TFLOP/s)", sheet["bf16_tflops"], bl, bh),
+        ("ridge, bf16 / read (FLOP/byte)", ridge_sheet, bl / rh, bh / rl),
+    ]
+    return pd.DataFrame([
+        {"quantity": q, "datasheet": d, "low": lo * d, "high": hi * d, "predicted": (lo + hi) / 2 * d}
+        for q, d, lo, hi in rows
+    ])
+
+
+def against_prediction(pred: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
+    """Each predicted quantity beside its measurement (``against_datasheet``'s "measured" column):
+    measured over the middle of the band, and whether the measurement fell inside, above or below it."""
+    out = pred.copy()
+    out["measured"] = [summary.loc[q, "measured"] for q in pred["quantity"]]
+    out["measured / predicted"] = out["measured"] / out["predicted"]
+    out["band"] = [band(m, lo, hi) for m, lo, hi in zip(out["measured"], out["low"], out["high"])]
+    return out[["quantity", "low", "high", "measured", "measured / predicted", "band"]]
+
+
 def findings(bw: pd.DataFrame, mm: pd.DataFrame, c: dict) -> dict:
     """The quantities the chapter's page quotes and its claims check, by name:
 
+    - ``bw_max_*``: the highest rate of any copy or read (GPU time), its method and footprint: the top
+      of the bandwidth figure.
     - ``l2_peak_GBps``: the best hot copy (memcpy or kernel) whose footprint is at most half the L2;
       ``l2_edge_bytes``: the largest footprint at which a hot copy still beats HBM by 20%, where the
       L2's help ends (``l2_edge_over_l2`` relative to the L2).
@@ -301,7 +365,11 @@ def findings(bw: pd.DataFrame, mm: pd.DataFrame, c: dict) -> dict:
     full_n = max(full) if full else nan
     big_half = mm[mm["dtype"].isin(["bf16", "fp16"]) & (mm["n"] > (full_n if full else 0))]
     rel_err = {dt: mm[mm["dtype"] == dt]["rel. error"] for dt in ("tf32", "fp32")}
+    top = bw.sort_values("GB/s").iloc[-1]  # the highest point of the bandwidth figure (GPU time)
     return {
+        "bw_max_GBps": top["GB/s"],
+        "bw_max_method": top["method"],
+        "bw_max_footprint_bytes": top["footprint_bytes"],
         "l2_peak_GBps": hot[hot["footprint_bytes"] <= L2 / 2]["GB/s"].max() if L2 else nan,
         "l2_edge_bytes": l2_edge,
         "l2_edge_over_l2": l2_edge / L2 if L2 else nan,

@@ -14,7 +14,12 @@ relative error of at most 1e-2 passes, bf16 rounding being about 4e-3). The prof
 kernels one call launches (``lib.bench.profile``), which the roofline model charges one launch each.
 
 The analysis functions add F, Q, intensity, rate, bandwidth and the roofline model's time to every
-point (``points``), and pick the numbers the chapter's page quotes (``findings``).
+point (``points``), find the knee where a flat time meets the line fitted to the arithmetic-bound points
+(``knee``), sum the layers into a decode step of B requests (``decode_steps``: each linear layer runs with
+M = B, every block alike), count the weight bytes a decode step reads (``weight_bytes``: the blocks'
+linear layers and the LM head; the embedding table is only gathered, one row per token), find the
+largest batch whose step fits a time (``largest_within``), and pick the numbers the chapter's page
+quotes (``findings``).
 
 Chapter: 1 (matrix shapes); chapter 2 sets its points against the roofline again.
 """
@@ -140,3 +145,62 @@ def findings(cold: pd.DataFrame, decode: pd.DataFrame) -> dict:
         "largest_M_min_tflops": cold[cold["M"] == cold["M"].max()]["TFLOP/s"].min(),
         "decode_gain_b128": decode.loc[128, "vs B=1"] if 128 in decode.index else nan,
     }
+
+
+def knee(times: pd.Series, flat_max_M: int = 16, line_min_M: int = 4096) -> float:
+    """The measured knee M* of a time over M (a Series indexed by M): where the flat part, the median of
+    the times at M <= ``flat_max_M`` (the weights' read, which M does not change), meets the line through
+    the origin fitted to the arithmetic-bound points at M >= ``line_min_M`` (the median of time / M, in
+    time per token). NaN where the sweep has no point in either range (a smoke run's small M)."""
+    if not isinstance(times, pd.Series):
+        raise TypeError(f"knee takes a pandas Series of times indexed by M, got {type(times).__name__}")
+    if not flat_max_M < line_min_M:
+        raise ValueError(f"the flat range (M <= {flat_max_M}) must end below the line's (M >= {line_min_M})")
+    m = times.index.to_series()
+    flat, big = times[m <= flat_max_M], times[m >= line_min_M]
+    if flat.empty or big.empty:
+        return float("nan")
+    return float(flat.median() / (big / big.index).median())
+
+
+def decode_steps(cold: pd.DataFrame, n_layers: int, max_B: int | None = None) -> pd.DataFrame:
+    """The linear layers of a decode step of B requests, from the L2-defeated points: every linear layer
+    runs with M = B, so the step takes the sum over the layers of a block of their times at M = B, times
+    ``n_layers`` blocks (attention, norms, the LM head and the host are not in it). One row per B up to
+    ``max_B`` (all by default): the step's time (us), its time per token (step / B) and how many times
+    cheaper a token is than at the smallest B. Only the M measured for every layer count."""
+    if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
+        raise ValueError(f"n_layers must be a positive int (Llama-3-8B has 32), got {n_layers!r}")
+    if cold.empty:
+        raise ValueError("no points to sum: pass the L2-defeated rows of points()")
+    layers = cold["layer"].nunique()
+    by_m = cold.groupby("M")["GPU time (us)"]
+    complete = by_m.count() == layers
+    step = by_m.sum()[complete] * n_layers
+    if max_B is not None:
+        step = step[step.index <= max_B]
+    out = pd.DataFrame({"step (us)": step, "per token (us)": step / step.index})
+    out.index.name = "B"
+    out["vs B=1"] = out["per token (us)"].iloc[0] / out["per token (us)"]
+    return out
+
+
+def weight_bytes(model: dict = costs.LLAMA3_8B, b: int = BYTES) -> dict:
+    """The weight bytes of a model of ``costs.LLAMA3_8B``'s form, in b-byte elements: its blocks' linear
+    layers (``n_layers`` x the sum of K N), the LM head (hidden x vocabulary), the embedding table (the
+    same size), and what one decode step reads: the linear layers and the LM head. The embedding table
+    is not read whole: a step gathers one row per token. Norm weights (a few vectors) are left out."""
+    missing = [k for k in ("layers", "hidden", "vocab", "linears") if k not in model]
+    if missing:
+        raise KeyError(f"the model lacks {missing}: pass a dict of costs.LLAMA3_8B's form")
+    linears = b * model["layers"] * sum(k * n for k, n in model["linears"].values())
+    head = b * model["hidden"] * model["vocab"]
+    return {"linear layers": linears, "LM head": head, "embedding": head, "decode step reads": linears + head}
+
+
+def largest_within(step_us: pd.Series, target_us: float) -> int:
+    """The largest B (index) whose step time is at most ``target_us``; 0 when none is."""
+    if not target_us > 0:
+        raise ValueError(f"the target time must be positive, got {target_us!r} us")
+    fits = step_us[step_us <= target_us]
+    return int(fits.index.max()) if len(fits) else 0

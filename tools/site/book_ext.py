@@ -25,6 +25,8 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
+from docutils import nodes as _nodes
+
 ROOT = Path(__file__).resolve().parents[2]
 MATHJAX_VERSION = "3.2.2"
 MATHJAX_URL = f"https://registry.npmjs.org/mathjax/-/mathjax-{MATHJAX_VERSION}.tgz"
@@ -38,16 +40,10 @@ class MathJaxError(RuntimeError):
     pass
 
 
-def _figure_node_classes():
-    from docutils import nodes
-
-    class ResultsTable(nodes.figure):
-        """A glued results table with its caption: numbered "Table N" (Sphinx's table counter)."""
-
-    return ResultsTable
+class ResultsTable(_nodes.figure):
+    """A glued results table with its caption: numbered "Table N" (Sphinx's table counter)."""
 
 
-ResultsTable = _figure_node_classes()
 TABLE_PREFIX = "tab-"
 
 
