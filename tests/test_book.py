@@ -24,3 +24,52 @@ def test_book_builds_without_warnings(tmp_path):
     assert 'src="../_static/mathjax/tex-mml-chtml.js' in page and "cdn.jsdelivr" not in page
     status = (html / "book" / "status.html").read_text()
     assert "claims hold" in status and "NVIDIA H200" in status
+    # tables are numbered apart from figures, and a chapter's exercises and references are on its page
+    ch3 = (html / "book" / "03-kv-cache.html").read_text()
+    assert "Table 1" in ch3 and 'class="exercise' in ch3 and "footnote" in ch3
+
+
+def test_every_chapter_page_is_within_the_word_limit():
+    from tools.site import wordcount
+
+    pages = sorted((ROOT / "book").glob("[0-9][0-9]-*.md"))
+    assert len(pages) >= 7
+    counts = {p.name: wordcount.count(p.read_text()) for p in pages}
+    assert max(counts.values()) <= wordcount.LIMIT, {k: v for k, v in counts.items() if v > wordcount.LIMIT}
+
+
+def test_the_word_count_reads_prose_only():
+    from tools.site import wordcount
+
+    page = """---
+jupytext: x
+---
+# The title
+
+Two words {glue:text}`../notebooks/x.ipynb::a:.0f` and $x^2 + y$ and `code here`.
+
+```{glue:figure} fig_a
+:doc: ../notebooks/x.ipynb
+:name: fig-a
+
+A caption of five words.
+```
+
+```python
+not counted at all
+```
+
+| a | b |
+|---|---|
+| 1 | 2 |
+
+:::{exercise}
+:label: ex-1
+
+Ask one thing.
+:::
+<!-- a comment is not prose -->
+"""
+    # "The title" 2; "Two words X and X and X." 7 (a glued value, math, inline code: one word each);
+    # the caption 5; the exercise 3; the options, code, table, front matter and comment none
+    assert wordcount.count(page) == 17

@@ -109,7 +109,8 @@ async () => {
   const takeaways = document.querySelectorAll(".admonition.key-takeaways").length;
   const exercises = document.querySelectorAll("div.exercise").length;
   const solutions = document.querySelectorAll("div.solution").length;
-  const bibliography = document.querySelectorAll('[role="doc-biblioentry"], .citation, section#references [role="doc-footnote"], section#references .footnote').length;
+  const bibliography = document.querySelectorAll('[role="doc-biblioentry"], .citation, ' +
+    'section#references [role="doc-footnote"], section#references .footnote').length;
   const referencesSection = !!document.querySelector("section#references");
   return {rawTex, leftovers, untypeset, texErrors, brokenImages, unresolvedRefs, links, ids, figures, looseTables,
           tablesAsFigures, badCells, clipped, figureImages, takeaways, exercises, solutions, bibliography,

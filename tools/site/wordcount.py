@@ -8,7 +8,7 @@ admonition's body, an exercise and its solution count. Inside prose a glued valu
 cross-reference ({numref}`...`, {doc}`...`, {cite:p}`...`), inline code and a math span count as one
 word each, as a reader reads them.
 
-Chapters: all (tests/test_site.py holds every chapter page to ``LIMIT`` words).
+Chapters: all (tests/test_book.py holds every chapter page to ``LIMIT`` words).
 """
 
 from __future__ import annotations
