@@ -40,6 +40,23 @@ def test_from_data():
     assert c["ridge_flop_per_byte"] == pytest.approx(c["bf16_tflops"] * 1e12 / (c["copy_bw_GBps"] * 1e9))
 
 
+def test_the_best_read_and_product_of_any_kind_set_the_ceilings():
+    mib = 1 << 20
+    d = data()
+    # the read kernel: faster than torch.sum at 80 MiB (36 us), and fastest of all inside the L2 (ignored)
+    d["read_kernel"] = [{"bytes": 80 * mib, "launch": [1024, 4096, 4, ""], "timing": t(36.0)},
+                        {"bytes": 80 * mib, "launch": [8192, 2048, 4, ""], "timing": t(38.0)},
+                        {"bytes": 20 * mib, "launch": [1024, 4096, 4, ""], "timing": t(0.5)}]
+    # a rectangular bf16 product faster than any square one: 2*2048*4096*14336 FLOP in 150 us
+    d["matmul_shapes"] = [{"shape": [2048, 14336, 4096], "timing": t(150.0)}]
+    c = ceilings.from_data(d)
+    assert c["read_bw_GBps"] == pytest.approx(80 * mib / 36.0 / 1e3)
+    assert c["bf16_tflops"] == pytest.approx(2 * 2048 * 14336 * 4096 / 150.0 / 1e6)
+    assert c["fp16_tflops"] == ceilings.from_data(data())["fp16_tflops"]  # only bf16 takes the shapes
+    d["matmul_shapes"] = [{"shape": [2048, 14336, 4096], "timing": t(1e6)}]  # slower: the squares still win
+    assert ceilings.from_data(d)["bf16_tflops"] == pytest.approx(2 * 2048**3 / 40.0 / 1e6)
+
+
 def test_no_buffer_beyond_the_l2_is_an_error():
     d = data()
     d["copy"] = d["copy"][:1]

@@ -10,12 +10,14 @@ import torch
 from lib.bench import ceilings, results, timing
 from lib.bench.device import DATASHEETS
 from lib.experiments import machine
+from lib.kernels import stream
 
 MiB = 1 << 20
 OPS = {  # the calls of chapter 0's notebook
     "copy": lambda dst, src: dst.copy_(src),
     "copy_kernel": lambda dst, src: torch.mul(src, 1.0, out=dst),
     "read": lambda x, s: torch.sum(x, dim=0, out=s),
+    "read_kernel": lambda a, b, out, launch: stream.read_sum(a, b, out=out, **launch),
     "matmul": lambda a, b, c: torch.mm(a, b, out=c),
     "launch": lambda x, y, z: torch.add(x, y, out=z),
 }
@@ -48,6 +50,11 @@ def test_smoke_data_has_the_reference_structure(smoke):
     assert data["l2_bytes"] == 0 and data["copy_cold"] == []
     assert [r["bytes"] for r in data["copy"]] == [r["bytes"] for r in data["read"]] == p["buffer_bytes"]
     assert all(r["pairs"] == 1 for r in data["copy"] + data["copy_kernel"])
+    # the read kernel: on the CPU at the smallest buffer only, once per launch, each checked
+    assert [(r["bytes"], r["launch"]) for r in data["read_kernel"]] == \
+        [(min(p["buffer_bytes"]), launch) for launch in p["read_launches"]]
+    assert all(r["rel_err"] < 1e-4 for r in data["read_kernel"])
+    assert [r["shape"] for r in data["matmul_shapes"]] == p["matmul_shapes"]
     assert [(r["dtype"], r["n"]) for r in data["matmul"]] == [(d, n) for d in p["dtypes"] for n in p["matmul_n"]]
     assert [(r["n"], r["zeros"], r["rel_err"] == 0.0) for r in data["zeros"]] == [(p["zeros_n"], False, False),
                                                                                   (p["zeros_n"], True, True)]
@@ -59,7 +66,8 @@ def test_smoke_data_has_the_reference_structure(smoke):
 def test_the_smoke_data_gives_every_table(smoke):
     _, data = smoke
     bw, mm = machine.bandwidth(data), machine.matmul(data)
-    assert len(bw) == 3 * len(data["copy"]) and len(mm) == len(data["matmul"])
+    # memcpy, kernel copy and read at every size; the read kernel's fastest launch at the one size it ran
+    assert len(bw) == 3 * len(data["copy"]) + 1 and len(mm) == len(data["matmul"])
     items = machine.call_over_gpu(bw, mm, timing.Timing.from_dict(data["launch"]["timing"]))
     assert len(items) == len(bw) + len(mm) + 1
     c = ceilings.from_data(data)

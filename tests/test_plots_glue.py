@@ -55,3 +55,71 @@ def test_glue_tables_of_numbers_and_texts(monkeypatch):
     assert pasted == [("a_us", 1.0), ("b", 2.5), ("device_name", "NVIDIA H200")]
     with pytest.raises(TypeError):
         glue.numbers({"flag": True})
+
+
+def test_a_legible_figure_is_glued_as_the_png_the_page_shows(monkeypatch):
+    import io
+
+    from PIL import Image
+
+    pasted = {}
+    monkeypatch.setattr(glue, "_paste", lambda name, value: pasted.__setitem__(name, value))
+    fig, ax = plots.figure("A title", "bytes (B)", "time (us)", logx=True)
+    ax.plot([1, 1000, 1e6], [1, 2, 3])
+    plots.plain_axes(fig)
+    glue.figure("fig_ok", fig)
+    png = pasted["fig_ok"].data
+    with Image.open(io.BytesIO(png)) as im:
+        font, dpi = float(im.text[glue.PNG_FONT_KEY]), float(im.text[glue.PNG_DPI_KEY])
+        width = im.size[0]
+    assert font >= 9.0 and dpi == glue.DPI
+    assert glue.shown_pt(font, dpi, width, min(width, glue.COLUMN_PX)) >= glue.MIN_SHOWN_PT
+
+
+def test_small_text_and_powers_on_ticks_are_refused():
+    fig, ax = plots.figure("A title", "bytes (B)", "time (us)")
+    ax.plot([1, 2], [1, 2])
+    ax.set_xlabel("bytes (B)", fontsize=6)
+    with pytest.raises(ValueError, match="would be shown at .* under 9 pt"):
+        glue.figure_png("fig_small", fig)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(plots.WIDTH_IN, 4))
+    ax.set_xscale("log")
+    ax.plot([1, 10, 1e4], [1, 2, 3])
+    ax.set_xlabel("x (B)")
+    with pytest.raises(ValueError, match="print as powers"):
+        glue.figure_png("fig_powers", fig)
+    plots.plain_log(ax, "x")
+    glue.figure_png("fig_plain", fig)  # labelled plainly, it passes
+
+
+def test_a_wide_figure_is_shrunk_and_refused():
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(14.0, 4.0))  # twice the column: its 10 pt text shown near 5.7 pt
+    ax.plot([1, 2], [1, 2])
+    with pytest.raises(ValueError, match="under 9 pt"):
+        glue.figure_png("fig_wide", fig)
+
+
+def test_plain_tick_labels():
+    assert [plots.plain_number(v, 2) for v in (1, 16, 1024, 4096, 65536, 1 << 20)] == \
+        ["1", "16", "1k", "4k", "64k", "1M"]
+    assert [plots.plain_number(v) for v in (0.5, 5, 1000, 2500, 1e6)] == ["0.5", "5", "1k", "2.5k", "1M"]
+
+
+def test_a_table_prints_clean():
+    import pandas as pd
+
+    frame = pd.DataFrame({"B": [1.0, 32.0], "t (us)": [3.14159, float("nan")], "ok": [True, False]},
+                         index=pd.Index(["a", "b"], name="case"))
+    table = glue.Table(frame)
+    assert list(table.frame.columns) == ["case", "B", "t (us)", "ok"]  # a named index becomes a column
+    assert table.frame.values.tolist() == [["a", "1", "3.142", "yes"], ["b", "32", "–", "no"]]
+    html = table._repr_html_()
+    assert "book-table-scroll" in html and "<th></th>" not in html and "nan" not in html.lower()
+    unnamed = glue.Table(pd.DataFrame({"x": [1, 2]}, index=[7, 8]))
+    assert unnamed.frame.values.tolist() == [["1"], ["2"]]  # an unnamed index is dropped
+    with pytest.raises(TypeError, match="DataFrame"):
+        glue.Table([1, 2])

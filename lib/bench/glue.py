@@ -107,10 +107,17 @@ def figure_png(name: str, fig) -> bytes:
 
 def figure(name: str, fig) -> None:
     """Glue a matplotlib figure as the PNG the page shows ({glue:figure} with its :doc: option),
-    once ``figure_png`` has found it legible."""
-    from IPython.display import Image
+    once ``figure_png`` has found it legible; the notebook shows the same PNG, and the figure is closed.
 
-    _paste(name, Image(data=figure_png(name, fig), format="png"))
+    The notebook's own page must show the very bytes the chapter pastes: the site's image file is
+    written when the notebook page renders it (a pasted image names the file by its content's hash)."""
+    import matplotlib.pyplot as plt
+    from IPython.display import Image, display
+
+    image = Image(data=figure_png(name, fig), format="png")
+    _paste(name, image)
+    plt.close(fig)  # or the notebook would also show its own rendering, with other bytes
+    display(image)
 
 
 class Table:

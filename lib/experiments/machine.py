@@ -8,12 +8,17 @@ product, a one-element add); this module runs them over the sizes of ``sweep(siz
   times the L2, the copy is timed once more over ``timing.rotation`` pairs whose total is four times
   the L2 ("copy_cold"): each call then finds its source in HBM. Every copy must equal its source
   before it is timed.
-- read: a sum over the buffer into one number, checked against a float64 sum.
+- read: a sum over the buffer into one number, checked against a float64 sum; and over the buffers
+  that only HBM can serve (``ceilings.HBM_FACTOR`` times the L2), the book's read-only Triton kernel
+  (``lib.kernels.stream.read_sum``, no arithmetic but the sum) at each launch of ``read_launches``, so
+  that the read ceiling is the best streaming read measured, not one library's reduction.
 - matmul: n x n x n products of standard normal values in each dtype; TF32 is allowed only for
   "tf32" (``torch.set_float32_matmul_precision``, set back to "highest" afterwards). The first rows
   are compared with a float64 product before timing, and the relative error is kept: it also shows
   whether TF32 was on. On a GPU the SM clock, power and temperature are read right after the timing.
 - zeros: the bf16 product at ``zeros_n`` once on random inputs and once on all-zero inputs.
+- matmul shapes: bf16 products of the rectangular shapes ``matmul_shapes`` ([M, K, N]: the layer
+  shapes later chapters time), so that the bf16 ceiling is the best product measured, square or not.
 - launch: a one-element add; its GPU time is one kernel in a CUDA graph, its call time one eager
   launch.
 
@@ -38,15 +43,21 @@ MiB = 1 << 20
 DTYPES = ["bf16", "fp16", "tf32", "fp32"]
 TORCH_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32}
 MAX_REL_ERR = {"bf16": 1e-2, "fp16": 2e-3, "tf32": 2e-3, "fp32": 1e-5}  # against a float64 reference
-OPS = ("copy", "copy_kernel", "read", "matmul", "launch")  # the calls ``measure`` needs, by name
-PARAMS = ("buffer_bytes", "matmul_n", "zeros_n", "dtypes", "reps", "target_ms")
+OPS = ("copy", "copy_kernel", "read", "read_kernel", "matmul", "launch")  # the calls ``measure`` needs, by name
+PARAMS = ("buffer_bytes", "matmul_n", "zeros_n", "dtypes", "reps", "target_ms", "read_launches", "matmul_shapes")
 # data key -> (label, bytes touched per buffer byte): a copy reads and writes its buffer, a read reads it
 METHODS = {
     "copy": ("memcpy", 2),
     "copy_kernel": ("kernel copy", 2),
     "copy_cold": ("memcpy, L2 defeated", 2),
     "read": ("read", 1),
+    "read_kernel": ("read, Triton kernel", 1),
 }
+# the read-only kernel's launches (programs, block, warps, eviction hint): those fastest somewhere in the
+# decode-attention tuning runs (results/nvidia-h200/tuning/decode-attention-reads.json)
+READ_LAUNCHES = [[1024, 4096, 4, ""], [8192, 2048, 4, ""], [4096, 8192, 4, "evict_first"], [4096, 2048, 8, "evict_first"]]
+# the Llama-3-8B layer shapes (qkv, o, gate_up, down) at two token counts: [M, K, N]
+LAYER_SHAPES = [[m, k, n] for m in (2048, 16384) for k, n in ((4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096))]
 
 
 def sweep(size: str) -> dict:
@@ -59,6 +70,8 @@ def sweep(size: str) -> dict:
             "dtypes": list(DTYPES),
             "reps": 30,
             "target_ms": 2.0,
+            "read_launches": READ_LAUNCHES,
+            "matmul_shapes": LAYER_SHAPES,
         }
     if size == "smoke":
         return {
@@ -68,6 +81,8 @@ def sweep(size: str) -> dict:
             "dtypes": list(DTYPES),
             "reps": 5,
             "target_ms": 0.2,
+            "read_launches": [[4, 1024, 4, ""]],
+            "matmul_shapes": [[64, 128, 96]],
         }
     raise ValueError(f"size={size!r}: the sweep has a 'full' and a 'smoke' size")
 
@@ -104,6 +119,39 @@ def measure_read(op, nbytes: int, device: str, p: dict) -> dict:
         raise _wrong(f"read of {nbytes} bytes (relative error {rel_err:.2e})")
     t = timing.bench(lambda: op(x, s), device=device, reps=p["reps"], target_ms=p["target_ms"])
     return {"bytes": nbytes, "rel_err": rel_err, "timing": t.to_dict()}
+
+
+def measure_read_kernel(op, nbytes: int, launch: list, device: str, p: dict) -> dict:
+    """Time ``op(a, b, out, launch)``: the read-only kernel over two float32 halves of ``nbytes``, its
+    per-program partial sums into ``out``, their total checked against a float64 sum."""
+    programs, block, warps, evict = launch
+    kw = dict(programs=programs, block=block, num_warps=warps, evict=evict)
+    a = torch.rand(nbytes // 8, device=device)
+    b = torch.rand(nbytes // 8, device=device)
+    out = op(a, b, None, kw)
+    ref = a.double().sum() + b.double().sum()
+    rel_err = abs(out.double().sum().item() - ref.item()) / ref.item()
+    if not rel_err < 1e-4:
+        raise _wrong(f"read kernel over {nbytes} bytes, launch {launch} (relative error {rel_err:.2e})")
+    t = timing.bench(lambda: op(a, b, out, kw), device=device, reps=p["reps"], target_ms=p["target_ms"])
+    return {"bytes": nbytes, "launch": list(launch), "rel_err": rel_err, "timing": t.to_dict()}
+
+
+def measure_matmul_shape(op, shape: list, device: str, p: dict) -> dict:
+    """Time ``op(a, b, c)``, c = a b with a [M, K] and b [K, N] in bf16, after checking its first rows."""
+    m, k, n = shape
+    a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    b = torch.randn(k, n, device=device, dtype=torch.bfloat16)
+    c = torch.empty(m, n, device=device, dtype=torch.bfloat16)
+    op(a, b, c)
+    rows = min(m, 256)
+    ref = a[:rows].double() @ b.double()
+    rel_err = ((c[:rows].double() - ref).norm() / ref.norm()).item()
+    if not rel_err <= MAX_REL_ERR["bf16"]:
+        raise _wrong(f"bf16 {m}x{k}x{n} (relative error {rel_err:.2e})")
+    t = timing.bench(lambda: op(a, b, c), device=device, reps=p["reps"], target_ms=p["target_ms"])
+    after = clocks() if device == "cuda" else None
+    return {"shape": [m, k, n], "rel_err": rel_err, "timing": t.to_dict(), "clocks": after}
 
 
 def measure_matmul(op, dtype: str, n: int, device: str, p: dict, zeros: bool = False) -> dict:
@@ -155,14 +203,18 @@ def measure(params: dict, device: str, ops: dict) -> dict:
     _check(params, ops)
     p = params
     l2 = torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda" else 0
-    data = {"l2_bytes": l2, "copy": [], "copy_cold": [], "copy_kernel": [], "read": [], "matmul": [], "zeros": [],
-            "launch": None}
+    data = {"l2_bytes": l2, "copy": [], "copy_cold": [], "copy_kernel": [], "read": [], "read_kernel": [],
+            "matmul": [], "matmul_shapes": [], "zeros": [], "launch": None}
     for nbytes in p["buffer_bytes"]:
         data["copy"].append(measure_copy(ops["copy"], nbytes, device, p))
         data["copy_kernel"].append(measure_copy(ops["copy_kernel"], nbytes, device, p))
         if l2 and not ceilings.beyond_l2(2 * nbytes, l2):
             data["copy_cold"].append(measure_copy(ops["copy"], nbytes, device, p, l2=l2))
         data["read"].append(measure_read(ops["read"], nbytes, device, p))
+        # the read kernel where only HBM can serve the buffer (on the CPU: the smallest buffer, to run it)
+        if (ceilings.beyond_l2(nbytes, l2) if l2 else nbytes == min(p["buffer_bytes"])):
+            data["read_kernel"] += [measure_read_kernel(ops["read_kernel"], nbytes, launch, device, p)
+                                    for launch in p["read_launches"]]
         print(f"copy/read {nbytes / MiB:8.2f} MiB done", flush=True)
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -170,6 +222,7 @@ def measure(params: dict, device: str, ops: dict) -> dict:
         for n in p["matmul_n"]:
             data["matmul"].append(measure_matmul(ops["matmul"], dtype, n, device, p))
             print(f"matmul {dtype} n={n} done", flush=True)
+    data["matmul_shapes"] = [measure_matmul_shape(ops["matmul"], shape, device, p) for shape in p["matmul_shapes"]]
     data["zeros"] = [measure_matmul(ops["matmul"], "bf16", p["zeros_n"], device, p, zeros=z) for z in (False, True)]
     data["launch"] = measure_launch(ops["launch"], device, p)
     return data
@@ -188,8 +241,19 @@ def bandwidth(data: dict) -> pd.DataFrame:
             "GB/s": ceilings.gbps(per * r["bytes"], r["timing"]["gpu_us"]["median"]),
             "GB/s, call time": ceilings.gbps(per * r["bytes"], r["timing"]["call_us"]["median"]),
         }
-        for key, (label, per) in METHODS.items() for r in data[key]
+        for key, (label, per) in METHODS.items() for r in fastest_launch(data.get(key, []))
     ])
+
+
+def fastest_launch(rows: list) -> list:
+    """Of rows measured at several launches per buffer size (the read kernel), the fastest per size;
+    rows without a launch unchanged."""
+    best: dict = {}
+    for r in rows:
+        key = r["bytes"] if "launch" in r else id(r)
+        if key not in best or r["timing"]["gpu_us"]["median"] < best[key]["timing"]["gpu_us"]["median"]:
+            best[key] = r
+    return list(best.values())
 
 
 def _clock(r: dict, key: str) -> float:
