@@ -43,9 +43,10 @@ def text(name: str, words: str) -> None:
     _paste(name, words)
 
 
-# How a figure is shown: the page column is COLUMN_PX CSS pixels wide (sphinx-book-theme at a 1280-pixel
-# window); a figure wider than that is scaled down, and its text with it. A CSS pixel is 1/96 inch.
-COLUMN_PX = 770
+# How a figure is shown: a figure's image is at most COLUMN_PX CSS pixels wide (the page column of
+# sphinx-book-theme in a 1280-pixel window, inside a figure's margins); a wider image is scaled down, and its
+# text with it. A CSS pixel is 1/96 inch, so text keeps its size in an image up to 7 inches wide.
+COLUMN_PX = 672
 MIN_SHOWN_PT = 9.0
 DPI = 110
 # the PNG text keys that carry a figure's smallest font and dpi to the site check (tools/site/check_html.py)
@@ -101,7 +102,7 @@ def figure_png(name: str, fig) -> bytes:
         raise ValueError(f"figure {name!r}: its smallest text ({smallest:.1f} pt in a {width}-pixel-wide image) "
                          f"would be shown at {shown:.1f} pt in the {COLUMN_PX}-pixel page column, under "
                          f"{MIN_SHOWN_PT:.0f} pt; stack panels in rows (plots.figure(panels=k)), keep the "
-                         f"figure {COLUMN_PX / DPI:.1f} inches wide, or enlarge its smallest text")
+                         f"figure's image under {COLUMN_PX / 96:.1f} inches wide, or enlarge its smallest text")
     return png
 
 

@@ -16,7 +16,7 @@ import matplotlib
 
 matplotlib.rcParams.update(
     {
-        "figure.figsize": (7.0, 4.2),
+        "figure.figsize": (6.6, 4.2),
         "figure.dpi": 110,
         "savefig.dpi": 110,
         "font.size": 10,
@@ -39,9 +39,10 @@ matplotlib.rcParams.update(
 import matplotlib.pyplot as plt  # noqa: E402  (after the style is set)
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
-# the width of a figure, in inches: at the style's dpi it is the page column's width in pixels, so
-# text is shown at its own size (``lib.bench.glue`` checks it against ``COLUMN_PX``)
-WIDTH_IN = 7.0
+# the width of a figure, in inches: a figure's image is shown at most ``glue.COLUMN_PX`` CSS pixels wide
+# (7 inches at 96 pixels per inch), so one drawn a little narrower, with room for what a tight crop
+# adds (a legend outside the axes, the caption line), shows its text at least at its own size
+WIDTH_IN = 6.6
 PANEL_HEIGHT_IN = 2.7
 UNITS = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"), (1, "B")]
 

@@ -85,7 +85,7 @@ def hierarchy(c: dict, *, sms: int, memory_bytes: int, l2_hot_GBps: float, devic
                          "take it from chapter 0's findings (the best hot copy within half the L2)")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.0, 5.0))
+    fig, ax = plt.subplots(figsize=(plots.WIDTH_IN, 5.0))
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.axis("off")

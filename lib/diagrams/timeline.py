@@ -168,7 +168,7 @@ def latency_figure(tl: Timeline, *, post_s: float, network_s: float, zoom_tokens
         raise ValueError(f"zoom_tokens must be a whole number >= 2 (the enlarged row shows TPOT between two "
                          f"tokens), got {zoom_tokens!r}")
     plt = plots.plt
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7.0, 5.6))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(plots.WIDTH_IN, 5.6))
     total_ms = (tl.last_token + post_s + network_s - tl.arrival) * 1e3
     _draw(top, tl, post_s, network_s, total_ms * 1.02, zoom=False)
     shown = tl.token_times[min(zoom_tokens, len(tl.token_times)) - 1]
