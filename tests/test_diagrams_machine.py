@@ -64,7 +64,7 @@ def test_hierarchy_labels_each_level_with_the_numbers_it_is_given():
     fig = dm.hierarchy(C, sms=132, memory_bytes=141 << 30, l2_hot_GBps=5700.0, device="Test GPU")
     text = "\n".join(texts_of(fig))
     for words in ("132 SMs", "800 TFLOP/s", "L2 60 MiB", "5700 GB/s", "HBM 141 GiB", "read 4000 GB/s",
-                  "copy 3200 GB/s", "8.0 us per eager launch", "1.25 us per kernel in a CUDA graph", "Test GPU"):
+                  "copy 3200 GB/s", "8.0 us a launch eagerly", "1.25 us in a CUDA graph", "Test GPU"):
         assert words in text, words
     assert min(t.get_fontsize() for ax in fig.axes for t in ax.texts) >= 9
     plt.close(fig)

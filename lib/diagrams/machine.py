@@ -60,7 +60,7 @@ def roof(intensity, p_tflops: float, bw_GBps: float):
 def _box(ax, x, y, w, h, title, lines, color):
     ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.01,rounding_size=0.02", fc=color, ec="0.25", lw=1.2))
     ax.text(x + 0.02, y + h / 2, title, ha="left", va="center", fontsize=TEXT_PT + 1, weight="bold")
-    ax.text(x + 0.27, y + h / 2, "\n".join(lines), ha="left", va="center", fontsize=TEXT_PT, linespacing=1.35)
+    ax.text(x + 0.25, y + h / 2, "\n".join(lines), ha="left", va="center", fontsize=TEXT_PT, linespacing=1.35)
 
 
 def _arrow(ax, x, y0, y1, label):
@@ -93,22 +93,23 @@ def hierarchy(c: dict, *, sms: int, memory_bytes: int, l2_hot_GBps: float, devic
     ys = {"host": 0.83, "sm": 0.55, "l2": 0.31, "hbm": 0.07}
     _box(ax, 0.02, ys["host"], 0.96, h, "Host (CPU)", [
         "launches every kernel",
-        f"{c['launch_eager_us']:.1f} us per eager launch, {c['launch_graph_us']:.2f} us per kernel in a CUDA graph",
+        f"{c['launch_eager_us']:.1f} us a launch eagerly, {c['launch_graph_us']:.2f} us in a CUDA graph",
     ], "#f2f2f2")
     _box(ax, 0.02, ys["sm"], 0.96, h, f"{sms} SMs", [
-        "tensor cores and registers: where the FLOPs happen",
+        "tensor cores: where the FLOPs happen",
         f"dense bf16: {c['bf16_tflops']:.0f} TFLOP/s (best product measured)",
     ], "#dbe9f6")
     if has_l2:
         _box(ax, 0.02, ys["l2"], 0.96, h, f"L2 {plots.human_bytes(c['l2_bytes'])}", [
-            "shared by all SMs; keeps a repeated working set of about half its size",
-            f"hot copies that fit: up to {l2_hot_GBps:.0f} GB/s",
+            "shared by all SMs; holds a working set",
+            "of up to about half its size",
+            f"hot copies: up to {l2_hot_GBps:.0f} GB/s",
         ], "#e3f1df")
     else:
         _box(ax, 0.02, ys["l2"], 0.96, h, "L2", ["not measured on this device"], "#e3f1df")
     _box(ax, 0.02, ys["hbm"], 0.96, h, f"HBM {plots.human_bytes(memory_bytes)}", [
         "weights, KV cache, activations",
-        f"read {c['read_bw_GBps']:.0f} GB/s, copy {c['copy_bw_GBps']:.0f} GB/s (read + write)",
+        f"read {c['read_bw_GBps']:.0f} GB/s, copy {c['copy_bw_GBps']:.0f} GB/s",
     ], "#fbe5d6")
     _arrow(ax, 0.5, ys["host"], ys["sm"] + h, "launch")
     _arrow(ax, 0.5, ys["sm"], ys["l2"] + h, "every byte the SMs touch passes the L2")

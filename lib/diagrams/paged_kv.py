@@ -178,7 +178,7 @@ def figure(pool: KVPool, block_table, lengths, plan, *, title: str = "A paged KV
             ax.annotate("", (x0 + 0.04, y + 0.6), (x1 - 0.04, y + 0.6),
                         arrowprops=dict(arrowstyle="|-|", color="0.6" if empty else "0.1", lw=0.8,
                                         mutation_scale=3))
-            ax.text((x0 + x1) / 2, y + 0.72, f"s{s}" + (" (empty)" if empty else ""), ha="center", va="bottom",
+            ax.text((x0 + x1) / 2, y + 0.72, f"s{s}", ha="center", va="bottom",
                     fontsize=FONT - 1, color="0.55" if empty else "black")
         live = sum(1 for a, b in ranges[r] if b > a)
         ax.add_patch(FancyArrowPatch((8.15, y + 0.25), (9.3, y + 0.25), arrowstyle="-|>", mutation_scale=10,

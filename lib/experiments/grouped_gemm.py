@@ -637,6 +637,9 @@ class Analysis:
         if len(self.mem):
             out["worst_wb_overall_case"] = _case_words(self.mem_frac.idxmin())
             out["worst_wb_case"] = _case_words(self.worst_uni)
+            # how the page names the worst uniform case after naming the worst overall one
+            out["worst_wb_uniform_is"] = ("that same case" if self.worst_uni == self.mem_frac.idxmin()
+                                          else out["worst_wb_case"])
             kernel, _ = self._padded_tile(self.worst_uni)
             out["worst_wb_padded_kernel"] = kernel or "not recorded"
             misses = self.mem_frac[self.mem_frac < 0.9]

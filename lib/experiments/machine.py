@@ -51,7 +51,7 @@ METHODS = {
     "copy_kernel": ("kernel copy", 2),
     "copy_cold": ("memcpy, L2 defeated", 2),
     "read": ("read", 1),
-    "read_kernel": ("read, Triton kernel", 1),
+    "read_kernel": ("read kernel", 1),
 }
 # the read-only kernel's launches (programs, block, warps, eviction hint): those fastest somewhere in the
 # decode-attention tuning runs (results/nvidia-h200/tuning/decode-attention-reads.json)
@@ -405,6 +405,8 @@ def findings(bw: pd.DataFrame, mm: pd.DataFrame, c: dict) -> dict:
     - ``memcpy_graph_over_eager`` / ``kernel_graph_over_eager``: GPU time over call time of copies of
       at least 1 GiB footprint (median); ``memcpy_*_big_GBps``: their bandwidth both ways.
     - ``copy_best_*``: the copy that set the bandwidth ceiling (method, footprint, spread).
+    - ``read_best_*``: the read that set the read ceiling ("read": torch.sum; "read kernel": the book's
+      read-only kernel), its footprint; ``read_sum_GBps``: torch.sum's best over the same footprints.
     - ``bf16_*``: the n of the best bf16 rate, its spread and clock; the largest n, its rate, clock and
       power; the highest clock seen and the largest n's clock over it (``bf16_clock_drop``).
     - ``full_clock_n``: the largest n at which bf16 and fp16 both ran within 1% of the highest clock
@@ -420,6 +422,8 @@ def findings(bw: pd.DataFrame, mm: pd.DataFrame, c: dict) -> dict:
     memcpy_big = bw[(bw["method"] == "memcpy") & (bw["footprint_bytes"] >= 1 << 30)]
     kernel_big = bw[(bw["method"] == "kernel copy") & (bw["footprint_bytes"] >= 1 << 30)]
     best_copy = hot[hot["footprint_bytes"] >= ceilings.HBM_FACTOR * L2].sort_values("GB/s").iloc[-1]
+    reads = bw[bw["method"].isin(["read", "read kernel"]) & (bw["footprint_bytes"] >= ceilings.HBM_FACTOR * L2)]
+    best_read = reads.sort_values("GB/s").iloc[-1]
     bf16 = mm[mm["dtype"] == "bf16"].set_index("n")
     fp16 = mm[mm["dtype"] == "fp16"].set_index("n")
     best_n = bf16["TFLOP/s"].idxmax()
@@ -431,6 +435,9 @@ def findings(bw: pd.DataFrame, mm: pd.DataFrame, c: dict) -> dict:
     rel_err = {dt: mm[mm["dtype"] == dt]["rel. error"] for dt in ("tf32", "fp32")}
     top = bw.sort_values("GB/s").iloc[-1]  # the highest point of the bandwidth figure (GPU time)
     return {
+        "read_best_method": best_read["method"],
+        "read_best_footprint_bytes": best_read["footprint_bytes"],
+        "read_sum_GBps": reads[reads["method"] == "read"]["GB/s"].max(),
         "bw_max_GBps": top["GB/s"],
         "bw_max_method": top["method"],
         "bw_max_footprint_bytes": top["footprint_bytes"],
