@@ -50,6 +50,21 @@ class Claim:
         return " and ".join(parts)
 
 
+def _record(into: list, kind: str, text: str, value, at_least, at_most) -> Claim:
+    """Check a claim's or target's arguments and append it to ``into``."""
+    if at_least is None and at_most is None:
+        raise ValueError(f"{kind} {text!r} has no bound: give at_least=, at_most= or both")
+    if not text or any(c.text == text for c in into):
+        raise ValueError(f"{kind} text must be non-empty and unique; {text!r} is empty or already used")
+    try:
+        value = float(value)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{kind} {text!r}: value must be a number, got {value!r}") from e
+    item = Claim(text, value, at_least, at_most)
+    into.append(item)
+    return item
+
+
 class Claims:
     """Collects checks; ``report()`` shows them as a table and enforces them when ``strict``."""
 
@@ -62,31 +77,11 @@ class Claims:
                at_most: float | None = None) -> bool:
         """Record a target the book set for its own code; returns whether it is met. Never raises on a
         miss: a missed target is reported (the targets table, the status page), not a failed claim."""
-        if at_least is None and at_most is None:
-            raise ValueError(f"target {text!r} has no bound: give at_least=, at_most= or both")
-        if not text or any(c.text == text for c in self.targets):
-            raise ValueError(f"target text must be non-empty and unique; {text!r} is empty or already used")
-        try:
-            value = float(value)
-        except (TypeError, ValueError) as e:
-            raise TypeError(f"target {text!r}: value must be a number, got {value!r}") from e
-        goal = Claim(text, value, at_least, at_most)
-        self.targets.append(goal)
-        return goal.holds
+        return _record(self.targets, "target", text, value, at_least, at_most).holds
 
     def check(self, text: str, value: float, *, at_least: float | None = None, at_most: float | None = None) -> bool:
         """Record that ``value`` should lie within the bounds; returns whether it does."""
-        if at_least is None and at_most is None:
-            raise ValueError(f"claim {text!r} has no bound: give at_least=, at_most= or both")
-        if not text or any(c.text == text for c in self.items):
-            raise ValueError(f"claim text must be non-empty and unique; {text!r} is empty or already used")
-        try:
-            value = float(value)
-        except (TypeError, ValueError) as e:
-            raise TypeError(f"claim {text!r}: value must be a number, got {value!r}") from e
-        claim = Claim(text, value, at_least, at_most)
-        self.items.append(claim)
-        return claim.holds
+        return _record(self.items, "claim", text, value, at_least, at_most).holds
 
     @property
     def failed(self) -> list[Claim]:
