@@ -18,7 +18,7 @@ def test_book_builds_without_warnings(tmp_path):
     page = (html / "book" / "00-the-machine.html").read_text()
     assert (html / "index.html").exists() and (html / "notebooks" / "00-the-machine.html").exists()
     assert "IPython.core.display" not in page  # every glued value rendered as text
-    assert "copy_bw_GBps" not in page
+    assert "::copy_bw_GBps" not in page and "{glue" not in page  # no glue role left unresolved
     # math is served by the site itself (a pinned MathJax), never from the network
     assert (html / "_static" / "mathjax" / "tex-mml-chtml.js").exists()
     assert 'src="../_static/mathjax/tex-mml-chtml.js' in page and "cdn.jsdelivr" not in page
