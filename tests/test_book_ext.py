@@ -51,3 +51,41 @@ def test_mathjax_offline_says_where_to_put_the_file(tmp_path):
 def test_fmt():
     assert [book_ext.fmt(v) for v in (4243.84, 187.2, 12.34, 1.046, 0.02301, None, float("nan"))] == [
         "4,244", "187", "12.3", "1.05", "0.023", "-", "-"]
+
+
+def test_status_tables_from_hand_made_rows():
+    """The status page: a summary line, one row per chapter with its claims held and targets met, and every
+    target with its value, goal, met or missed and the date of the measurement it comes from."""
+    rows = [
+        {"chapter": "00-a", "results": True, "fresh": True, "stale": [], "device": "GPU X", "date": "2026-12-01",
+         "commit": "abc1234", "torch": "2.9", "triton": "3.5", "cuda": "12.8", "driver": "570",
+         "claims_held": 3.0, "claims_total": 3.0,
+         "targets": [{"target": "fast", "value": 1.234, "goal": ">= 1", "met": True},
+                     {"target": "faster", "value": 0.8, "goal": ">= 0.9", "met": False}]},
+        {"chapter": "01-b", "results": True, "fresh": False, "stale": ["code changed"], "device": "GPU X",
+         "date": "2026-11-30", "commit": "def5678+", "torch": "2.9", "triton": "3.5", "cuda": "12.8",
+         "driver": "570", "claims_held": 2.0, "claims_total": 2.0,
+         "targets": [{"target": "small", "value": 4.0, "goal": "<= 5", "met": True}]},
+        {"chapter": "02-c", "results": False, "claims_held": None, "claims_total": None, "targets": []},
+    ]
+    summary, (head, body), (thead, tbody) = book_ext.status_tables(rows)
+    assert summary == ("1 of 3 chapters have fresh reference results; 5 of 5 claims hold. The chapters set 3 "
+                       "targets for the book's own code: 2 met, 1 missed (in 00-a).")
+    assert head[-2:] == ["claims hold", "targets met"]
+    assert body == [
+        ["00-a", "GPU X, 2026-12-01", "abc1234", "torch 2.9, Triton 3.5, CUDA 12.8, driver 570", "yes", "3 of 3",
+         "1 of 2 (1 missed)"],
+        ["01-b", "GPU X, 2026-11-30", "def5678+", "torch 2.9, Triton 3.5, CUDA 12.8, driver 570", "no: code changed",
+         "2 of 2", "1 of 1"],
+        ["02-c", "no results", "-", "-", "-", "-", "-"],
+    ]
+    assert thead == ["chapter", "target", "value", "goal", "met", "measured"]
+    assert tbody == [["00-a", "fast", "1.23", ">= 1", "met", "2026-12-01"],
+                     ["00-a", "faster", "0.8", ">= 0.9", "MISSED", "2026-12-01"],
+                     ["01-b", "small", "4.00", "<= 5", "met", "2026-11-30"]]
+
+
+def test_status_tables_without_targets_has_no_targets_table():
+    rows = [{"chapter": "00-a", "results": False, "claims_held": 1.0, "claims_total": 1.0, "targets": []}]
+    summary, _, targets = book_ext.status_tables(rows)
+    assert targets is None and summary.endswith("The chapters set 0 targets for the book's own code: 0 met, 0 missed.")

@@ -83,3 +83,60 @@ def test_devices_command_replays_another_device_for_the_page(tmp_path):
     assert shown == [results.REFERENCE, "other-gpu"] and missing == []
     ch0 = [r for r in rows if r["chapter"] == "00-the-machine"]
     assert ch0 and all(r[f"other-gpu / {results.REFERENCE}"] == pytest.approx(1.0) for r in ch0)
+
+
+def hand_rows():
+    """Three chapters: one fresh with a met and a missed target, one stale with no target, one without
+    results (its date unknown) with one met target."""
+    return [
+        {"chapter": "00-a", "results": True, "fresh": True, "date": "2026-12-01", "claims_held": 3.0,
+         "claims_total": 3.0, "targets": [{"target": "fast", "value": 1.2, "goal": ">= 1", "met": True},
+                                          {"target": "faster", "value": 0.8, "goal": ">= 0.9", "met": False}]},
+        {"chapter": "01-b", "results": True, "fresh": False, "date": "2026-11-30", "claims_held": 1.0,
+         "claims_total": 2.0, "targets": []},
+        {"chapter": "02-c", "results": False, "claims_held": None, "claims_total": None,
+         "targets": [{"target": "small", "value": None, "goal": "<= 5", "met": False}]},
+    ]
+
+
+def test_target_rows_carry_chapter_and_date_in_chapter_order():
+    assert status.target_rows(hand_rows()) == [
+        {"chapter": "00-a", "date": "2026-12-01", "target": "fast", "value": 1.2, "goal": ">= 1", "met": True},
+        {"chapter": "00-a", "date": "2026-12-01", "target": "faster", "value": 0.8, "goal": ">= 0.9", "met": False},
+        {"chapter": "02-c", "date": "", "target": "small", "value": None, "goal": "<= 5", "met": False},
+    ]
+
+
+def test_summary_counts_fresh_chapters_claims_and_targets():
+    assert status.summary(hand_rows()) == (
+        "1 of 3 chapters have fresh reference results; 4 of 5 claims hold. The chapters set 3 targets for the "
+        "book's own code: 1 met, 2 missed (in 00-a, 02-c).")
+    all_met = [dict(hand_rows()[0], targets=hand_rows()[0]["targets"][:1])]
+    assert status.summary(all_met).endswith("The chapters set 1 targets for the book's own code: 1 met, 0 missed.")
+
+
+@pytest.mark.parametrize("chapter", ["04-grouped-gemm", "05-prefix-caching"])
+def test_chapters_4_and_5_record_their_targets_for_the_status_page(chapter):
+    """The targets these chapters tabulate (glued as ``targets_table``, counted as ``targets_met``) are also
+    recorded with ``Claims.target``, so the status page lists them with the date of their measurement."""
+    row = next(r for r in status.status_rows() if r["chapter"] == chapter)
+    g = status.glued(ROOT / "notebooks" / f"{chapter}.ipynb")
+    assert row["targets"], f"{chapter} records no target with Claims.target"
+    assert sum(t["met"] for t in row["targets"]) == g["targets_met"]
+    for t in row["targets"]:  # each as its table shows it: the text, and the goal against the value
+        assert t["target"] in g["targets_table"]
+        op, bound = t["goal"].split()
+        assert t["met"] == (t["value"] is not None and (t["value"] >= float(bound) if op == ">=" else t["value"] <= float(bound)))
+    assert all(t["date"] == row["date"] and row["date"] for t in status.target_rows([row]))
+
+
+def test_headline_labels_name_the_statistic_and_the_cases():
+    """A headline that is a median says so; one that is the worst over a set of cases says which set (the
+    devices page once showed the worst case over E >= 64 as if it were E = 64)."""
+    for _, name, what, _ in status.HEADLINES:
+        if name.endswith("_median"):
+            assert "median" in what, (name, what)
+        if "e64" in name:
+            assert "worst case over E >= 64" in what, (name, what)
+        assert "GPU time" in what or "call time" in what or not name.startswith(("speedup", "decode_us")), (name, what)
+    assert len({h[2] for h in status.HEADLINES}) == len(status.HEADLINES), "two headlines share a label"

@@ -5,7 +5,8 @@
   builds); its files are copied into ``_static/mathjax/`` of every build. A site so built renders its
   math opened over file:// or from a local HTTP server, with no network.
 - ``{book-status}``: for each chapter, the device, date, commit and library versions of its reference
-  measurement, whether it is fresh, and its claims held (``tools.site.status``).
+  measurement, whether it is fresh, its claims held and its targets met; then every target with its
+  value, its goal, met or missed, and the date it was measured (``tools.site.status``; ``status_tables``).
 - ``{book-devices}``: every chapter's headline numbers on every device in results/, side by side.
 - ``{glue:figure}`` with ``:doc:``: a chapter page pastes its notebook's figure or table inside a
   numbered, captioned figure that the prose can reference (myst-nb's own directive reads only the
@@ -162,6 +163,36 @@ def _table(header: list[str], rows: list[list[str]]):
     return table
 
 
+def status_tables(rows: list[dict]) -> tuple[str, tuple[list, list], tuple[list, list] | None]:
+    """The status page from ``status.status_rows``: its summary line, the chapters' table (header, rows)
+    and the targets' table (header, rows; None when no chapter set a target), every cell a string.
+
+    A chapter's row counts its claims held and its targets met; the targets' table lists each target in
+    chapter order with its value, its goal, met or missed, and the date of the measurement it comes from."""
+    from tools.site import status
+
+    def count(r):
+        goals = r["targets"]
+        if not goals:
+            return "-"
+        met = sum(1 for g in goals if g["met"])
+        return f"{met} of {len(goals)}" + (f" ({len(goals) - met} missed)" if met < len(goals) else "")
+
+    chapters = (["chapter", "measured on", "commit", "libraries", "fresh", "claims hold", "targets met"],
+                [[r["chapter"], f"{r['device']}, {r['date']}" if r["results"] else "no results", r.get("commit", "-"),
+                  f"torch {r['torch']}, Triton {r['triton']}, CUDA {r['cuda']}, driver {r['driver']}"
+                  if r["results"] else "-",
+                  ("yes" if r["fresh"] else "no: " + "; ".join(r["stale"])) if r["results"] else "-",
+                  "-" if r["claims_total"] is None else f"{r['claims_held']:.0f} of {r['claims_total']:.0f}",
+                  count(r)]
+                 for r in rows])
+    goals = status.target_rows(rows)
+    targets = (["chapter", "target", "value", "goal", "met", "measured"],
+               [[g["chapter"], g["target"], fmt(g["value"]), g["goal"], "met" if g["met"] else "MISSED",
+                 g["date"] or "-"] for g in goals]) if goals else None
+    return status.summary(rows), chapters, targets
+
+
 def _directives():
     from docutils import nodes
     from sphinx.util.docutils import SphinxDirective
@@ -175,30 +206,13 @@ def _directives():
             rows = status.status_rows()
             for r in rows:
                 self.env.note_dependency(str(ROOT / "notebooks" / f"{r['chapter']}.ipynb"))
-            table = _table(
-                ["chapter", "measured on", "commit", "libraries", "fresh", "claims hold"],
-                [[r["chapter"], f"{r['device']}, {r['date']}" if r["results"] else "no results", r.get("commit", "-"),
-                  f"torch {r['torch']}, Triton {r['triton']}, CUDA {r['cuda']}, driver {r['driver']}"
-                  if r["results"] else "-",
-                  ("yes" if r["fresh"] else "no: " + "; ".join(r["stale"])) if r["results"] else "-",
-                  "-" if r["claims_total"] is None else f"{r['claims_held']:.0f} of {r['claims_total']:.0f}"]
-                 for r in rows])
-            fresh = sum(1 for r in rows if r.get("fresh"))
-            held = sum(r["claims_held"] or 0 for r in rows)
-            total = sum(r["claims_total"] or 0 for r in rows)
-            goals = [(r["chapter"], g) for r in rows for g in r["targets"]]
-            missed = [(c, g) for c, g in goals if not g["met"]]
-            summary = nodes.paragraph(text=f"{fresh} of {len(rows)} chapters have fresh reference results; "
-                                           f"{held:.0f} of {total:.0f} claims hold. The chapters set "
-                                           f"{len(goals)} targets for the book's own code: "
-                                           f"{len(goals) - len(missed)} met, {len(missed)} missed.")
-            out = [summary, table]
-            if goals:
-                out.append(nodes.paragraph(text="The targets, each with its value on the reference "
-                                                "measurements (a missed target is listed here, not as a claim):"))
-                out.append(_table(["chapter", "target", "value", "goal", "met"],
-                                  [[c, g["target"], fmt(g["value"]), g["goal"], "yes" if g["met"] else "MISSED"]
-                                   for c, g in sorted(goals, key=lambda cg: cg[1]["met"])]))
+            summary, chapters, targets = status_tables(rows)
+            out = [nodes.paragraph(text=summary), _table(*chapters)]
+            if targets:
+                out.append(nodes.paragraph(text="The targets, each with its value on the reference measurement of "
+                                                "its chapter and the date that measurement was taken (a missed "
+                                                "target is listed here, never counted as a claim):"))
+                out.append(_table(*targets))
             return out
 
     class BookDevices(SphinxDirective):

@@ -1,8 +1,10 @@
 """Where the book stands, read from results/ and the executed notebooks: the status and devices pages.
 
 - ``status_rows``: for each chapter, the device, date, commit and library versions of its reference
-  measurement, whether it is fresh (the code that measured it is unchanged), and how many of the
-  chapter's claims hold (as its committed notebook glued them: ``Claims.glue``).
+  measurement, whether it is fresh (the code that measured it is unchanged), how many of the
+  chapter's claims hold and its targets, met or missed (as its committed notebook glued them:
+  ``Claims.glue``). ``target_rows`` lists every target with its chapter and the date its value was
+  measured; ``summary`` is the page's one-line count of fresh chapters, claims held and targets met.
 - ``HEADLINES`` and ``device_rows``: each chapter's headline numbers on every device that has results.
   The numbers are the ones the chapter's own notebook glues, so nothing is computed twice: for the
   reference device they come from the committed notebooks, for another device from the notebooks
@@ -23,25 +25,44 @@ from lib.bench import results
 ROOT = Path(__file__).resolve().parents[2]
 DEVICES_DIR = Path("_build") / "devices"
 
-# (notebook, glue name, what it is, unit); every name is glued by that chapter's notebook
+# (notebook, glue name, what it is, unit); every name is glued by that chapter's notebook, and the label
+# names the case exactly: which shape, which statistic over which cases, GPU time or call time
 HEADLINES = [
-    ("00-the-machine", "copy_bw_GBps", "HBM copy bandwidth", "GB/s"),
-    ("00-the-machine", "read_bw_GBps", "HBM read bandwidth", "GB/s"),
-    ("00-the-machine", "bf16_tflops", "dense bf16 matmul rate", "TFLOP/s"),
-    ("00-the-machine", "launch_graph_us", "kernel launch, CUDA graph", "us"),
-    ("00-the-machine", "launch_eager_us", "kernel launch, eager", "us"),
-    ("01-matrix-shapes", "measured_knee_M", "knee of Y = XW: tokens where time starts to grow", "tokens"),
-    ("02-roofline", "ridge_flop_per_byte", "roofline ridge", "FLOP/byte"),
-    ("02-roofline", "model_median_abs_err", "roofline model: median error", "-"),
-    ("03-kv-cache", "seed_paged_GBps", "decode attention, seed shape, paged kernel", "GB/s"),
-    ("03-kv-cache", "seed_sdpa_GBps", "decode attention, seed shape, SDPA", "GB/s"),
-    ("03-kv-cache", "speedup_vs_sdpa_seed", "paged kernel over SDPA, seed shape", "x"),
-    ("04-grouped-gemm", "speedup_vs_grouped_mm_median", "grouped GEMM over torch's, median", "x"),
-    ("04-grouped-gemm", "speedup_vs_loop_e64", "grouped GEMM over the eager loop, E = 64", "x"),
-    ("05-prefix-caching", "speedup_90pct_8k", "prefill speedup, 90% of 8k cached", "x"),
-    ("05-prefix-caching", "decode_us_min", "decode step, batch 1, shortest context", "us"),
-    ("06-batching", "fit_err_median", "step-cost model: median error", "-"),
-    ("06-batching", "incident_ttft_p95_ratio", "incident: chat TTFT P95 after / before", "x"),
+    ("00-the-machine", "copy_bw_GBps",
+     "HBM copy bandwidth: best of cudaMemcpyAsync and a copy kernel, buffers >= 4x the L2 (bytes read + written)",
+     "GB/s"),
+    ("00-the-machine", "read_bw_GBps",
+     "HBM read bandwidth: best of torch.sum and the book's read kernel, buffers >= 4x the L2", "GB/s"),
+    ("00-the-machine", "bf16_tflops", "dense bf16 matmul rate: best over the square sizes and the layer shapes",
+     "TFLOP/s"),
+    ("00-the-machine", "launch_graph_us", "kernel launch: a one-element add, GPU time in a CUDA graph", "us"),
+    ("00-the-machine", "launch_eager_us", "kernel launch: a one-element add, call time launched eagerly", "us"),
+    ("01-matrix-shapes", "measured_knee_M",
+     "knee of Y = XW, K = N = 4096 (the attention output layer), L2 cold: tokens M where time starts to grow",
+     "tokens"),
+    ("02-roofline", "ridge_flop_per_byte", "roofline ridge: bf16 matmul rate / HBM copy bandwidth", "FLOP/byte"),
+    ("02-roofline", "model_median_abs_err",
+     "roofline model: median |measured / model - 1| over every L2-cold point", "-"),
+    ("03-kv-cache", "seed_paged_GBps",
+     "decode attention, paged kernel (pages of 16): K/V bytes / GPU time at B = 8, L = 4096, H_q = 32, "
+     "H_kv = 8, d = 128", "GB/s"),
+    ("03-kv-cache", "seed_sdpa_GBps",
+     "decode attention, SDPA: K/V bytes / GPU time at B = 8, L = 4096, H_q = 32, H_kv = 8, d = 128", "GB/s"),
+    ("03-kv-cache", "speedup_vs_sdpa_seed",
+     "decode attention at B = 8, L = 4096, H_q = 32, H_kv = 8, d = 128: SDPA's GPU time / the paged kernel's", "x"),
+    ("04-grouped-gemm", "speedup_vs_grouped_mm_median",
+     "grouped GEMM: torch._grouped_mm's GPU time / the book's kernel's (interleaved pairs), median over every case",
+     "x"),
+    ("04-grouped-gemm", "speedup_vs_loop_e64",
+     "grouped GEMM: the eager per-expert loop's call time / the book's kernel's, worst case over E >= 64", "x"),
+    ("05-prefix-caching", "speedup_90pct_8k",
+     "prefill of an 8192-token prompt, 1.1B model: GPU time uncached / with its first 90% cached", "x"),
+    ("05-prefix-caching", "decode_us_min",
+     "decode step, 1.1B model, batch 1, 1024-token context (the shortest): GPU time", "us"),
+    ("06-batching", "fit_err_median",
+     "step-cost model: median |model / measured - 1| over the measured prefill and decode steps", "-"),
+    ("06-batching", "incident_ttft_p95_ratio",
+     "incident, simulated on the measured step costs: chat requests' TTFT P95 after the change / before", "x"),
 ]
 
 
@@ -115,6 +136,26 @@ def status_rows(results_dir: Path | None = None, root: Path = ROOT, slug: str = 
         row["targets"] = targets_of(g)
         rows.append(row)
     return rows
+
+
+def target_rows(rows: list[dict]) -> list[dict]:
+    """Every target of ``rows`` (``status_rows``), in chapter order: {chapter, date, target, value, goal,
+    met}; ``date`` is the date of the reference measurement the value comes from ("" when the chapter has
+    no results)."""
+    return [{"chapter": r["chapter"], "date": r.get("date") or "", **g} for r in rows for g in r["targets"]]
+
+
+def summary(rows: list[dict]) -> str:
+    """The status page's one line: fresh chapters, claims held, and targets met and missed."""
+    fresh = sum(1 for r in rows if r.get("fresh"))
+    held = sum(r["claims_held"] or 0 for r in rows)
+    total = sum(r["claims_total"] or 0 for r in rows)
+    goals = target_rows(rows)
+    missed = [g for g in goals if not g["met"]]
+    by = sorted({g["chapter"] for g in missed})
+    return (f"{fresh} of {len(rows)} chapters have fresh reference results; {held:.0f} of {total:.0f} claims hold. "
+            f"The chapters set {len(goals)} targets for the book's own code: {len(goals) - len(missed)} met, "
+            f"{len(missed)} missed" + (f" (in {', '.join(by)})." if by else "."))
 
 
 def headline_values(notebook_dir: Path) -> dict[tuple[str, str], float]:
