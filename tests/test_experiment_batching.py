@@ -133,8 +133,11 @@ def test_simulations_run_the_requests_asked_for_whatever_a_step_costs():
         res, s = bt.at_rate(cost, cont, 5.0, MIX, n=20)
         assert len(res) == 20 and set(s) == {"all", "chat", "doc"} and s["all"]["requests"] == 20
         loads = bt.load_sweep(cost, {"static": serving.Policy("static", max_batch=8), "continuous": cont},
-                              loads=(0.5, 1.0), capacity=4.0, mix=MIX, n=12)
+                              rates=(0.5, 1.0), capacities={"static": 1.0, "continuous": 4.0}, mix=MIX, n=12)
         assert list(loads.index) == [(0.5, "static"), (0.5, "continuous"), (1.0, "static"), (1.0, "continuous")]
+        # each rate is a load on the policy's own capacity; at or above it the policy is saturated
+        assert list(loads["load"]) == [0.5, 0.125, 1.0, 0.25]
+        assert list(loads["saturated"]) == [False, False, True, False]
         off = bt.offline(cost, {"continuous": cont}, MIX, n=12)
         assert list(off.index) == ["continuous"] and off.loc["continuous", "all done (s)"] > 0
     # with every step alike, the tokens per second of all requests queued at once scale as 1 / step
@@ -182,3 +185,22 @@ def test_points_frame_columns():
     pts = bt.points_frame([{"kind": "stack", "new": 4, "ctx": 0, "timing": timing(2e-3)}])
     assert isinstance(pts, pd.DataFrame)
     assert pts.loc[0, "GPU time (ms)"] == pytest.approx(2.0) and pts.loc[0, "spread"] == 0
+
+
+def test_load_sweep_needs_every_policys_capacity():
+    with pytest.raises(ValueError, match="own capacity.*'static'"):
+        bt.load_sweep(flat_cost(1e-3), {"static": serving.Policy("static", max_batch=8)}, rates=(1.0,),
+                      capacities={"continuous": 4.0}, mix=MIX, n=5)
+
+
+def test_capacity_is_where_a_policy_saturates():
+    # every step 10 ms: a batch of at most 4 requests of a fixed output of 10 tokens. Queued all at once, the
+    # continuous policy yields 4 tokens a step whenever four decode, so its capacity is at most
+    # 4 / 0.01 / 10 = 40 requests/s; above it, delivered tokens/s cannot follow the arrivals
+    fixed = (("chat", {"input": (64, 0.0, 64, 64), "output": (10, 0.0, 10, 10)}, 1.0),)
+    cont = serving.Policy("continuous", max_running=4, token_budget=4096)
+    cap = bt.capacities(flat_cost(1e-2), {"continuous": cont}, fixed, n_saturated=40, n=40)["continuous"]
+    assert 0.8 * 40 <= cap <= 40
+    over = bt.load_sweep(flat_cost(1e-2), {"continuous": cont}, rates=(2 * cap,), capacities={"continuous": cap},
+                         mix=fixed, n=200)
+    assert bool(over["saturated"].iloc[0]) and over["tokens/s"].iloc[0] <= 1.05 * cap * 10

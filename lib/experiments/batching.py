@@ -23,7 +23,10 @@ median slope of a line per batch size through the decode times against K, delta 
 intercepts less S(B).
 
 Simulating (``capacity_rps``, ``load_sweep``, ``incident``, ``offline``): ``lib.serving.simulate`` runs seeded
-workloads (``lib.workloads.requests``) through the fitted cost model under each policy. Every simulation's
+workloads (``lib.workloads.requests``) through the fitted cost model under each policy. A policy's capacity is
+its output tokens/s with every request queued at once over the mean output of a request; ``load_sweep`` runs
+every policy at the same arrival rates and states each rate as a load on that policy's own capacity, so a
+policy run at or above its capacity (load >= 1) is marked saturated rather than compared as if it kept up. Every simulation's
 size is a number of requests given by the caller, never derived from a measured cost, so a smoke run's
 arbitrary CPU costs cannot make it long.
 """
@@ -247,19 +250,32 @@ def capacity_rps(cost, policy, mix, n_saturated: int, n: int) -> float:
     return saturated(cost, policy, mix, n_saturated) / mean_output
 
 
-def load_sweep(cost, policies: dict, loads, capacity: float, mix, n: int) -> pd.DataFrame:
-    """Each policy at each load (a fraction of ``capacity`` requests/s): tokens/s and TTFT, TPOT, E2E
-    percentiles, indexed by (load, policy)."""
+def capacities(cost, policies: dict, mix, n_saturated: int, n: int) -> dict:
+    """Each policy's own capacity (``capacity_rps``), by name: the rate above which its queue grows without
+    bound."""
+    return {name: capacity_rps(cost, pol, mix, n_saturated, n) for name, pol in policies.items()}
+
+
+def load_sweep(cost, policies: dict, rates, capacities: dict, mix, n: int) -> pd.DataFrame:
+    """Each policy at each arrival rate (requests/s, the same rates for every policy): the load against the
+    policy's own capacity, whether it is saturated (load >= 1: arrivals outpace what it can serve, so its
+    queue, and with it TTFT, grows with the length of the run), tokens/s and TTFT, TPOT, E2E percentiles,
+    indexed by (rate, policy)."""
+    missing = set(policies) - set(capacities)
+    if missing:
+        raise ValueError(f"every policy needs its own capacity (requests/s); none given for {sorted(missing)}")
     rows = []
-    for load in loads:
+    for rate in rates:
         for name, pol in policies.items():
-            _, s = at_rate(cost, pol, load * capacity, mix, n)
+            _, s = at_rate(cost, pol, rate, mix, n)
             s_all = s["all"]
-            rows.append({"load": load, "policy": name, "tokens/s": s_all["tokens_per_s"],
+            load = rate / capacities[name]
+            rows.append({"rate (requests/s)": rate, "policy": name, "load": load, "saturated": load >= 1,
+                         "tokens/s": s_all["tokens_per_s"],
                          "TTFT p50 (ms)": s_all["ttft_p50"] * 1e3, "TTFT p99 (ms)": s_all["ttft_p99"] * 1e3,
                          "TPOT p50 (ms)": s_all["tpot_p50"] * 1e3, "TPOT p99 (ms)": s_all["tpot_p99"] * 1e3,
                          "E2E p99 (s)": s_all["e2e_p99"]})
-    return pd.DataFrame(rows).set_index(["load", "policy"])
+    return pd.DataFrame(rows).set_index(["rate (requests/s)", "policy"])
 
 
 def running_over_time(results: list[dict], bins: int) -> tuple[list[float], list[int]]:
