@@ -123,3 +123,8 @@ def test_a_table_prints_clean():
     assert unnamed.frame.values.tolist() == [["1"], ["2"]]  # an unnamed index is dropped
     with pytest.raises(TypeError, match="DataFrame"):
         glue.Table([1, 2])
+
+
+def test_large_and_small_numbers_print_without_exponents_where_they_can():
+    assert [glue.Table.cell(v) for v in (14870.4, 34060.0, 9727.3, 0.0003476, 2.5e-07, -12345.6)] == \
+        ["14870", "34060", "9727", "0.0003476", "2.5e-07", "-12346"]

@@ -21,6 +21,13 @@ from dataclasses import dataclass
 from lib.bench.results import warn
 
 
+def _number(v: float) -> str:
+    """A bound as a table prints a number (``glue.Table.cell``): 1000000 -> '1000000', 0.5 -> '0.5'."""
+    from lib.bench.glue import Table
+
+    return Table.cell(v)
+
+
 class ClaimsFailed(AssertionError):
     """Raised by a strict report when a claim does not hold on the data."""
 
@@ -44,9 +51,9 @@ class Claim:
     def bound(self) -> str:
         parts = []
         if self.at_least is not None:
-            parts.append(f">= {self.at_least:.4g}")
+            parts.append(f">= {_number(self.at_least)}")
         if self.at_most is not None:
-            parts.append(f"<= {self.at_most:.4g}")
+            parts.append(f"<= {_number(self.at_most)}")
         return " and ".join(parts)
 
 
@@ -93,7 +100,7 @@ class Claims:
         return pd.DataFrame(
             {
                 "claim": [c.text for c in self.items],
-                "value": [f"{c.value:.4g}" for c in self.items],
+                "value": [c.value for c in self.items],
                 "bound": [c.bound for c in self.items],
                 "holds": ["yes" if c.holds else "NO" for c in self.items],
             }
@@ -105,7 +112,7 @@ class Claims:
         return pd.DataFrame(
             {
                 "target": [c.text for c in self.targets],
-                "value": [f"{c.value:.4g}" for c in self.targets],
+                "value": [c.value for c in self.targets],
                 "goal": [c.bound for c in self.targets],
                 "met": ["yes" if c.holds else "no" for c in self.targets],
             }

@@ -123,7 +123,8 @@ def figure(name: str, fig) -> None:
 
 class Table:
     """A results table as a page shows it: no index column, integers as integers, "–" where a cell has
-    no value (NaN), numbers to four significant digits; wide tables scroll inside the column."""
+    no value (NaN), numbers to four significant digits (whole units from 10,000 up, never an exponent);
+    wide tables scroll inside the column."""
 
     NA = "–"
 
@@ -162,6 +163,8 @@ class Table:
                 return "∞" if f > 0 else "-∞"
             if f == int(f) and abs(f) < 1e15:
                 return f"{int(f)}"
+            if abs(f) >= 1e4:  # four significant digits would print 1.487e+04: whole units read better
+                return f"{round(f)}"
             return f"{f:.4g}"
         return str(v)
 
