@@ -182,3 +182,15 @@ def test_bad_claims_are_rejected_with_reasons():
     with pytest.raises(ValueError, match="^no claims were checked: a chapter states its claims with check"):
         c.report()
     assert c.items == [] and c.failed == []  # a refused claim is not recorded
+
+
+def test_a_targets_table_is_recorded_row_by_row():
+    import pandas as pd
+
+    c = Claims(strict=True)
+    c.targets_from(pd.DataFrame({"target": ["fast", "small", "in band"], "measured": [0.95, 1.2, 0.33],
+                                 "goal": [">= 0.9", "<= 1.15", "0.15 to 0.30"]}))
+    assert [(g.text, g.at_least, g.at_most, g.holds) for g in c.targets] == [
+        ("fast", 0.9, None, True), ("small", None, 1.15, False), ("in band", 0.15, 0.30, False)]
+    with pytest.raises(ValueError, match="is not '>= x'"):
+        c.targets_from(pd.DataFrame({"target": ["odd"], "measured": [1.0], "goal": ["about 1"]}))

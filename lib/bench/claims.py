@@ -86,6 +86,19 @@ class Claims:
         miss: a missed target is reported (the targets table, the status page), not a failed claim."""
         return _record(self.targets, "target", text, value, at_least, at_most).holds
 
+    def targets_from(self, frame, *, text: str = "target", value: str = "measured", goal: str = "goal") -> None:
+        """Record every row of a chapter's targets table as a target: its ``goal`` column reads ">= 0.9",
+        "<= 1.15" or "0.15 to 0.30" (a band)."""
+        for row in frame.to_dict("records"):
+            words = str(row[goal]).split()
+            if len(words) == 2 and words[0] in (">=", "<="):
+                bound = {"at_least" if words[0] == ">=" else "at_most": float(words[1])}
+            elif len(words) == 3 and words[1] == "to":
+                bound = {"at_least": float(words[0]), "at_most": float(words[2])}
+            else:
+                raise ValueError(f"target {row[text]!r}: goal {row[goal]!r} is not '>= x', '<= x' or 'x to y'")
+            self.target(row[text], row[value], **bound)
+
     def check(self, text: str, value: float, *, at_least: float | None = None, at_most: float | None = None) -> bool:
         """Record that ``value`` should lie within the bounds; returns whether it does."""
         return _record(self.items, "claim", text, value, at_least, at_most).holds
