@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lib import model
+from lib import costs, model
 from lib.experiments import prefix_caching as pc
 
 
@@ -129,3 +129,27 @@ def test_replay_workload_hand_worked():
     assert list(table["saved"]) == [4 / 19] * 4
     with pytest.raises(ValueError, match="positive block size"):
         pc.replay_workload([[1, 2]], pool_blocks=(), cases=(("lru", 1),), block_size=4)
+
+
+def test_prefill_cost_by_hand():
+    cfg = model.Config(vocab=10, hidden=4, layers=2, heads=2, kv_heads=1, head_dim=2, mlp=8)
+    # linears per layer: qkv 4x8=32, o 4x4=16, gate_up 4x16=64, down 8x4=32 -> 144; two layers: 288 weights
+    # n=4, cached=2: m=2 tokens at positions 2, 3 attend 3 + 4 = 7 positions
+    c = pc.prefill_cost(cfg, 4, 2, b=2)
+    assert c["flops"] == 2 * 288 * 2 + 4 * 2 * 2 * 2 * 7 + 2 * 10 * 4
+    kv_token = 2 * 1 * 2 * 2  # K and V, one head of 2, 2 bytes
+    acts = 2 * 2 * ((4 + 8) + (4 + 4) + (4 + 16) + (8 + 4))  # b m (K + N) per linear
+    assert c["bytes"] == 2 * (288 + 40) + 2 * (3 * 4 + 2) * kv_token + 2 * acts
+    assert c["kernels"] == 2 * pc.KERNELS_PER_LAYER + pc.KERNELS_PER_CALL
+    # the layer weights agree with the model's own count (params less embeddings, head and norms)
+    assert 2 * 288 == cfg.flops_per_token(0) - 2 * cfg.vocab * cfg.hidden  # its head counted once per token
+
+
+def test_predict_prefill_takes_the_largest_term():
+    cfg = model.CONFIGS["tiny"]
+    c = pc.prefill_cost(cfg, 64, 32)
+    roof = costs.Roofline(c["flops"] / 1e-3, c["bytes"] / 2e-3, 1e-9)  # compute 1 ms, memory 2 ms
+    p = pc.predict_prefill(cfg, 64, 32, roof)
+    assert p["ms"] == pytest.approx(2.0) and p["bound"] == "memory"
+    with pytest.raises(ValueError, match="cached < n"):
+        pc.prefill_cost(cfg, 8, 8)

@@ -225,3 +225,45 @@ def replay_workload(prompts, pool_blocks, cases, block_size: int) -> pd.DataFram
     table["case"] = [f"{p.upper()}, {n} running" for p, n in zip(table["policy"], table["running"])]
     table["saved"] = table["hit_tokens"] / total
     return table
+
+
+# Kernels one prefill launches, counted from lib.model's code (TinyLlama.prefill on a GPU): per layer the
+# attention input (RMSNorm, QKV GEMM, 7 elementwise kernels of RoPE, 2 copies of the strided K and V rows,
+# 2 index_copy_ into the pool), the gather (2 index_select of whole pages), the attention kernel, and the
+# output and MLP (copy of the attention output, O GEMM with the residual, RMSNorm, gate-up GEMM, SiLU,
+# product, down GEMM with the residual); once per call the slot and page indices, the RoPE tables, the
+# embedding, the final RMSNorm and the output head.
+KERNELS_PER_LAYER = 23
+KERNELS_PER_CALL = 20
+
+
+def prefill_cost(cfg, n: int, cached: int, *, b: int = 2) -> dict:
+    """FLOPs, bytes and kernels of a prefill of positions ``cached`` .. n - 1 of an n-token prompt whose first
+    ``cached`` tokens' K and V are in the pool (chapter 2's terms, for ``lib.model``'s prefill):
+
+    - F: two FLOPs per weight of the layers for each computed token, attention over the positions before and
+      at each one (4 H_q d per position and layer), and the output head for the last token only;
+    - Q: the weights read once (layers and head), per layer the K and V of all n tokens read and written by
+      the gather and read again by attention (3 times 2 n H_kv d b), the new tokens' K and V written, and
+      each GEMM's input and output (b m (K + N) for m computed tokens);
+    - kernels: ``KERNELS_PER_LAYER`` per layer plus ``KERNELS_PER_CALL``."""
+    if not (isinstance(n, int) and isinstance(cached, int) and 0 <= cached < n):
+        raise ValueError(f"need 0 <= cached < n (at least one token computed), got cached={cached}, n={n}")
+    m, c = n - cached, cfg
+    qkv_n = (c.heads + 2 * c.kv_heads) * c.head_dim
+    linears = [(c.hidden, qkv_n), (c.heads * c.head_dim, c.hidden), (c.hidden, 2 * c.mlp), (c.mlp, c.hidden)]
+    w_layers = sum(k * nn for k, nn in linears) * c.layers
+    attn_pos = n * (n + 1) / 2 - cached * (cached + 1) / 2  # positions attended, summed over computed tokens
+    flops = 2 * w_layers * m + 4 * c.layers * c.heads * c.head_dim * attn_pos + 2 * c.vocab * c.hidden
+    kv_token = 2 * c.kv_heads * c.head_dim * b  # K and V of one token in one layer
+    nbytes = (b * (w_layers + c.vocab * c.hidden) + c.layers * (3 * n + m) * kv_token
+              + c.layers * sum(b * m * (k + nn) for k, nn in linears))
+    return {"flops": flops, "bytes": nbytes, "kernels": c.layers * KERNELS_PER_LAYER + KERNELS_PER_CALL}
+
+
+def predict_prefill(cfg, n: int, cached: int, roof, *, b: int = 2) -> dict:
+    """Chapter 2's model of the prefill (``prefill_cost``) on ``roof`` (a ``lib.costs.Roofline``): the time
+    max(F/P, Q/BW, k t_launch) in ms and the term that sets it."""
+    cost = prefill_cost(cfg, n, cached, b=b)
+    return {**cost, "ms": roof.time(cost["flops"], cost["bytes"], cost["kernels"]) * 1e3,
+            "bound": roof.bound(cost["flops"], cost["bytes"], cost["kernels"])}
