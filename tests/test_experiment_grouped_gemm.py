@@ -71,7 +71,7 @@ def test_smoke_data_has_the_structure_of_the_stored_data(smoke):
 
 def test_smoke_data_goes_through_the_analysis(smoke):
     params, data = smoke
-    c = {"bf16_tflops": 1.0, "copy_bw_GBps": 1.0}
+    c = {"bf16_tflops": 1.0, "copy_bw_GBps": 1.0, "read_bw_GBps": 1.0}
     a = experiment.Analysis(data, params, c)
     assert len(a.cases) == len(params["shapes"]) * len(params["T"]) * len(params["routing"])
     numbers, texts, checks = a.numbers(), a.texts(), a.checks()
@@ -162,7 +162,7 @@ def test_analysis_of_a_case_worked_by_hand():
         point("lib, unplanned", 0.448, 6.0),
     ]}
     params = {**experiment.sweep("full"), "shapes": [[2, 4, 8]], "T": [4], "routing": ["uniform"]}
-    a = experiment.Analysis(data, params, {"bf16_tflops": 1.0, "copy_bw_GBps": 1.0})
+    a = experiment.Analysis(data, params, {"bf16_tflops": 1.0, "copy_bw_GBps": 1.0, "read_bw_GBps": 1.0})
     case = (2, 4, "uniform")
     row = a.cases.loc[case]
     assert row["floor (us)"] == pytest.approx(0.224) and row["bound"] == "memory"
@@ -186,4 +186,78 @@ def test_analysis_of_a_case_worked_by_hand():
     assert n["grouped_mm_e8_worst_q1"] == pytest.approx(1 / 1.5) and n["grouped_mm_e8_worst_q3"] == pytest.approx(1.0)
     assert a.texts()["grouped_mm_e8_worst_case"] == "T = 4, uniform routing"
     assert a.checks()["unplanned_over_planned_smallest"] == pytest.approx(3.0)
-    assert list(a.targets["met"]) == [False, True, False, False]  # no case at E >= 64; lib beats grouped_mm
+    # no compute-bound case at the fewest experts, no case at E >= 64; lib beats grouped_mm
+    assert list(a.targets["met"]) == [False, False, True, False]
+
+
+def case_point(E, counts, path, gpu_us, **extra):
+    """One row of data for E experts with ``counts`` tokens, K = 4, N = 8, bf16 (no padded bmm)."""
+    t = {"median": 0.0, "q1": 0.0, "q3": 0.0, "min": 0.0, "max": 0.0, "n": 1}
+    timing = {"gpu_us": {**t, "median": gpu_us}, "call_us": {**t, "median": 10 * gpu_us}, "calls_per_sample": 1,
+              "buffers": 1, "method": "cpu-wall"}
+    return {"E": E, "K": 4, "N": 8, "T": sum(counts), "routing": "uniform", "path": path, "err": 0.0,
+            "nonempty": sum(1 for m in counts if m), "Mmax": max(counts), "counts": counts, "kernels": 1,
+            "kernel_names": None, "timing": timing, **extra}
+
+
+def test_targets_against_the_cublas_loop_and_the_read_floor_worked_by_hand():
+    """bf16, P = 0.001 TFLOP/s (1e9 FLOP/s), read rate 1 GB/s, copy rate 0.5 GB/s; K = 4, N = 8, T = 4:
+    F = 2 * 4 * 4 * 8 = 256 FLOPs, F/P = 0.256 us.
+    E = 2, counts [3, 1]: Q = 2 (2 * 32 + 16 + 32) = 224 bytes; read floor max(0.256, 0.224) = 0.256 us,
+    compute-bound (by the copy rate, 0.448 us, it would be memory-bound: the read rate decides). The cuBLAS
+    loop 0.4 us, lib 0.5 us: the loop's time over lib's is 0.8, under the target of 1.
+    E = 64, four experts of one token: Q = 2 (4 * 32 + 16 + 32) = 352 bytes, read floor 0.352 us,
+    memory-bound; lib 0.4 us reaches 0.352 / 0.4 = 0.88 of it, over the target of 0.85."""
+    cfg = dict(gg.choose_config(4, 2, 4), block_m=16, block_n=16, programs_per_sm=1)
+    heavy = [1, 1, 1, 1] + [0] * 60
+    pairs = {"ratio": {"median": 0.5, "q1": 0.5, "q3": 0.5, "min": 0.5, "max": 0.5, "n": 1}}
+    data = {"sms": 4, "points": [
+        case_point(2, [3, 1], "loop", 0.4), case_point(2, [3, 1], "lib", 0.5, config=cfg, tma=True, vs_grouped_mm_pairs=pairs),
+        case_point(2, [3, 1], "grouped_mm", 1.0), case_point(64, heavy, "grouped_mm", 0.8),
+        case_point(64, heavy, "loop", 2.0), case_point(64, heavy, "lib", 0.4, config=cfg, tma=True, vs_grouped_mm_pairs=pairs),
+    ]}
+    params = {**experiment.sweep("full"), "shapes": [[2, 4, 8], [64, 4, 8]], "T": [4], "routing": ["uniform"]}
+    a = experiment.Analysis(data, params, {"bf16_tflops": 0.001, "copy_bw_GBps": 0.5, "read_bw_GBps": 1.0})
+    small, large = (2, 4, "uniform"), (64, 4, "uniform")
+    assert a.cases.loc[small, "read floor (us)"] == pytest.approx(0.256)
+    assert (a.cases.loc[small, "read bound"], a.cases.loc[small, "bound"]) == ("compute", "memory")
+    assert a.cases.loc[large, "read floor (us)"] == pytest.approx(0.352) and a.cases.loc[large, "read bound"] == "memory"
+    n, t = a.numbers(), a.texts()
+    assert n["speedup_vs_cublas_loop_e8"] == pytest.approx(0.8) and n["e8_compute_cases"] == 1
+    assert n["read_floor_frac_min_weight_bound"] == pytest.approx(0.88) and n["weight_bound_cases"] == 1
+    assert n["read_floor_misses"] == 0 and n["read_bw_GBps"] == pytest.approx(1.0)
+    assert t["cublas_e8_worst_case"] == "E = 2, T = 4, uniform routing"
+    assert (t["e8_compute_cases_words"], t["e8_memory_cases_words"]) == ("T = 4, uniform", "none")
+    assert t["read_floor_worst_case"] == "E = 64, T = 4, uniform routing"
+    targets = a.targets.set_index("goal")
+    assert list(a.targets["goal"][:2]) == [">= 1.0", ">= 0.85"]
+    assert list(a.targets["met"][:2]) == [False, True] and targets.loc[">= 0.85", "measured"] == pytest.approx(0.88)
+    table = a.compare_table()
+    assert table.columns.tolist() == ["E", "T", "routing", "bound", "lib / read floor", "vs grouped_mm",
+                                      "vs cuBLAS loop"]
+    assert table.set_index("E").loc[2, "vs cuBLAS loop"] == pytest.approx(0.8)
+    assert len(a.launch_table().columns) <= 7
+
+
+def test_analysis_needs_the_read_rate():
+    data = {"sms": 4, "points": [point("loop", 2.0, 8.0)]}
+    params = {**experiment.sweep("full"), "shapes": [[2, 4, 8]], "T": [4], "routing": ["uniform"]}
+    with pytest.raises(ValueError, match="read_bw_GBps"):
+        experiment.Analysis(data, params, {"bf16_tflops": 1.0, "copy_bw_GBps": 1.0})
+
+
+def test_expert_parallel_bytes_and_rank_loads_by_hand():
+    # K = 7168, k = 8, bf16, 8 GPUs: one way 8 * 7168 * 2 * 7/8 = 100,352 bytes; both ways 200,704
+    b = experiment.ep_bytes_per_token(7168, 8, 8, 2)
+    assert (b["dispatch"], b["combine"], b["total"]) == (100_352, 100_352, 200_704)
+    assert experiment.ep_bytes_per_token(4096, 2, 1)["total"] == 0  # one GPU: nothing leaves it
+    # experts 0-1 on GPU 0, 2-3 on GPU 1, 4-5 on GPU 2
+    assert experiment.ep_rank_loads([5, 0, 1, 1, 0, 3], 3).tolist() == [5, 2, 3]
+    with pytest.raises(ValueError, match="do not split evenly"):
+        experiment.ep_rank_loads([1, 2, 3], 2)
+    with pytest.raises(ValueError, match="ranks must be a positive int"):
+        experiment.ep_rank_loads([1, 2], 0)
+    with pytest.raises(ValueError, match="none negative"):
+        experiment.ep_rank_loads([1, -2], 1)
+    with pytest.raises(ValueError, match="top_k must be a positive int"):
+        experiment.ep_bytes_per_token(4096, 0, 8)
