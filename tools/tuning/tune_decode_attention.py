@@ -497,43 +497,29 @@ def sweep_short_warps(out_path):
     heads in one program with one or two warps (16 score rows per warp, so the online softmax's row
     maxima and sums stay inside a warp), tiles of 32 to 128 tokens, one to four splits; and blocks of 16
     heads with one warp. Each launch checked, then SDPA, the default and the best three in interleaved
-    rounds (``_best_three``). Page 16."""
-    dev = "cuda"
-    gen = torch.Generator(device=dev).manual_seed(0)
-    t_of, l2 = _timer(0.3, 5)
-    rows = []
-    configs = [dict(head_block=32, num_warps=w, block_n=bn, num_splits=s)
-               for w in (1, 2) for bn in (32, 64, 128) for s in (1, 2, 4)]
-    configs += [dict(head_block=16, num_warps=1, block_n=bn, num_splits=s) for bn in (32, 64, 128) for s in (1, 2)]
-    for B, L in [(64, 512), (64, 128), (64, 1024)]:
-        data = [make(B, 32, 1, L, 128, 16, dev, gen) for _ in range(timing.rotation(2 * B * L * 128 * 2, l2))]
-        ref = da.reference(data[0][0][:2], *data[0][3:6], data[0][6][:2])
-        sdpa = [lambda d=d: F.scaled_dot_product_attention(d[0].unsqueeze(2), d[1], d[2], enable_gqa=True) for d in data]
-        plan_default, default = _checked_plan(data, ref, "paged", {})
-        found = []
-        for kw in configs:
-            if kw["num_splits"] * kw["block_n"] > L:
-                continue
-            try:
-                found.append((t_of(_checked_plan(data, ref, "paged", kw)[1]), kw))
-            except Exception as e:  # a launch the compiler rejects (shared memory, registers)
-                print("failed", (B, L), kw, type(e).__name__, str(e)[:80], flush=True)
-        rows.append(dict(B=B, L=L, H_kv=1, **_best_three(found, sdpa, default, plan_default, data, ref, t_of, (B, L, 1))))
-        _write(rows, out_path)
-        del data
-        torch.cuda.empty_cache()
+    rounds (``_launch_search``, timed as 5 samples of 0.3 ms). Page 16."""
+    def configs(B, L, H_kv, plan):
+        for w, bn, s in itertools.product((1, 2), (32, 64, 128), (1, 2, 4)):
+            if s * bn <= L:
+                yield dict(head_block=32, num_warps=w, block_n=bn, num_splits=s)
+        for bn, s in itertools.product((32, 64, 128), (1, 2)):
+            if s * bn <= L:
+                yield dict(head_block=16, num_warps=1, block_n=bn, num_splits=s)
+
+    _launch_search(out_path, [(64, 512, 1), (64, 128, 1), (64, 1024, 1)], configs, float("inf"),
+                   target_ms=0.3, reps=5)
 
 
-def _launch_search(out_path, shapes, configs_of, budget_s):
+def _launch_search(out_path, shapes, configs_of, budget_s, target_ms=0.4, reps=7):
     """Page 16, groups of 32 // H_kv query heads: at each (B, L, H_kv) of ``shapes``, every launch that
-    ``configs_of(B, L, H_kv, plan_default)`` yields (DecodeAttention keywords), checked and timed, until
-    ``budget_s`` runs out; then SDPA, the default launch and the best three in three interleaved rounds.
-    Rows are written after every shape."""
+    ``configs_of(B, L, H_kv, plan_default)`` yields (DecodeAttention keywords), checked and timed (``reps``
+    samples of about ``target_ms``), until ``budget_s`` runs out; then SDPA, the default launch and the best
+    three in three interleaved rounds. Rows are written after every shape."""
     import time
     dev = "cuda"
     t0 = time.perf_counter()
     gen = torch.Generator(device=dev).manual_seed(0)
-    t_of, l2 = _timer(0.4, 7)
+    t_of, l2 = _timer(target_ms, reps)
     rows = []
 
     for B, L, H_kv in shapes:
