@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from lib import moe
 from lib.bench import profile, timing
 from lib.experiments import require
 from lib.kernels import grouped_gemm as gg
@@ -53,7 +54,7 @@ from lib.kernels import launch
 import triton
 import triton.language as tl
 
-PARAMS = ("shapes", "T", "routing", "streams", "max_padded_bytes", "dtype", "reps", "target_ms", "seed", "pairs")
+PARAMS = ("shapes", "T", "routing", "streams", "max_padded_bytes", "dtype", "reps", "target_ms", "seed", "pairs", "moe")
 HALF = "lib, half tails"  # the path timed only against "lib", in pairs
 REQUIRED = ("loop", "lib", HALF)  # paths every case must have
 # the paths of the tables, in this order, where the data has them
@@ -70,10 +71,11 @@ def sweep(size: str) -> dict:
         return {"shapes": [[8, 4096, 14336], [64, 2048, 1408], [128, 7168, 2048], [256, 7168, 2048]],
                 "T": [64, 1024, 8192], "routing": ["uniform", 0.1], "streams": [2, 4, 8],
                 "max_padded_bytes": 4 * 2**30, "dtype": "bfloat16", "reps": 5, "target_ms": 0.5, "seed": 0,
-                "pairs": 15}
+                "pairs": 15, "moe": {"models": [[8, 4096, 14336, 2], [256, 7168, 2048, 8]], "tokens": [8, 64, 512, 4096]}}
     if size == "smoke":  # every path, both routings, K and N no tile multiple; few calls: the CPU interprets the kernel
         return {"shapes": [[4, 32, 48], [6, 16, 20]], "T": [8], "routing": ["uniform", 0.1], "streams": [],
-                "max_padded_bytes": 2**20, "dtype": "float32", "reps": 1, "target_ms": 0.2, "seed": 0, "pairs": 1}
+                "max_padded_bytes": 2**20, "dtype": "float32", "reps": 1, "target_ms": 0.2, "seed": 0, "pairs": 1,
+                "moe": {"models": [[4, 32, 24, 2]], "tokens": [6]}}
     raise ValueError(f"size={size!r}: the sweep has a 'full' and a 'smoke' size")
 
 
@@ -228,6 +230,88 @@ def measure(params: dict, device: str, paths: Callable) -> dict:
         if device == "cuda":
             torch.cuda.empty_cache()
     return {"points": rows, "sms": launch.sm_count(torch.device(device))}
+
+
+# ---------------------------------------------------------------------------- the routing around the GEMM
+
+# the steps of an MoE layer (a SwiGLU expert MLP), in order; the routing steps are those around the GEMMs
+STEPS = ("router", "top-k", "permute", "gate-up GEMM", "SwiGLU", "down GEMM", "unpermute")
+ROUTING = ("router", "top-k", "permute", "unpermute")
+GEMMS = ("gate-up GEMM", "SwiGLU", "down GEMM")  # the experts' own work
+LAYER = "layer"  # all the steps in one call
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-300))
+
+
+def check_layer(steps: dict, x: torch.Tensor, router: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
+                k: int, tol: float) -> dict:
+    """Check the steps of ``steps`` against their float64 definitions (``lib.moe``'s oracles) and return the
+    errors; raise where a step computes something else (a wrong step is never timed)."""
+    E = w_up.shape[0]
+    logits = steps["router"]()
+    e_router = _rel(logits, x.double() @ router.double())
+    weights, ids = steps["top-k"]()
+    w_ref, _ = moe.top_k_reference(logits, k)
+    probs = torch.softmax(logits.double().cpu(), -1)
+    e_topk = max(float((weights.double().cpu() - w_ref).abs().max()),  # the chosen experts' scores are the best
+                 float((probs.gather(1, ids.cpu()) - probs.topk(k, -1).values).abs().max()))
+    xs, offsets, order = steps["permute"]()
+    counts = torch.bincount(ids.reshape(-1).cpu(), minlength=E)
+    offsets_ok = offsets.cpu().tolist() == [0] + counts.cumsum(0).tolist()
+    rows_ok = torch.equal(xs, x.index_select(0, order // k))
+    n = x.shape[0]
+    probe = sorted(set(range(min(4, n))) | set(range(max(0, n - 4), n)))
+    y = steps[LAYER]()
+    e_layer = _rel(y[probe], moe.moe_reference(x, moe.expert_mlp(w_up, w_down), ids, weights, probe))
+    errs = {"router_err": e_router, "topk_err": e_topk, "layer_err": e_layer}
+    if not (e_router < tol and e_topk < 1e-4 and offsets_ok and rows_ok and e_layer < tol):
+        raise _wrong(f"MoE layer, n={n} E={E} k={k}: {errs}, offsets {'right' if offsets_ok else 'wrong'}, "
+                     f"permuted rows {'right' if rows_ok else 'wrong'} (tolerance {tol:.0e}, top-k 1e-4)")
+    return {**errs, "counts": counts.tolist()}
+
+
+def measure_layer(params: dict, device: str, steps: Callable) -> list[dict]:
+    """An MoE layer, routing and experts: for each model [E, K, I, k] of ``params["moe"]`` (E experts of a
+    SwiGLU MLP K -> 2 I -> K, k experts per token) and each token count n, random x [n, K], router [K, E],
+    w_up [E, K, 2 I] and w_down [E, I, K] (each scaled by one over the square root of its input width, so
+    that values stay of order 1); ``steps(x, router, w_up, w_down, k)`` gives the callables of ``STEPS`` and
+    ``LAYER``, each step on the previous one's outputs. All are checked (``check_layer``), their kernels
+    counted, and timed (GPU time and call time); one row per step and case."""
+    require(params, PARAMS)
+    if not callable(steps):
+        raise TypeError("steps must be a function (x, router, w_up, w_down, k) -> {step: callable}; "
+                        "see chapter 4's notebook")
+    p = params
+    dt = getattr(torch, p["dtype"])
+    gen = torch.Generator(device=device).manual_seed(p["seed"])
+
+    def rand(*shape, fan_in=1):
+        return (torch.randn(*shape, device=device, generator=gen, dtype=dt) / fan_in ** 0.5).to(dt)
+    rows = []
+    for E, K, I_, k in p["moe"]["models"]:
+        router, w_up, w_down = rand(K, E, fan_in=K), rand(E, K, 2 * I_, fan_in=K), rand(E, I_, K, fan_in=I_)
+        for n in p["moe"]["tokens"]:
+            x = rand(n, K)
+            fns = steps(x, router, w_up, w_down, k)
+            missing = [s for s in (*STEPS, LAYER) if not callable(fns.get(s))]
+            if missing:
+                raise ValueError(f"steps() returned no callable for {missing}: it must give each of {[*STEPS, LAYER]}")
+            errs = check_layer(fns, x, router, w_up, w_down, k, tolerance(p["dtype"]))
+            for name in (*STEPS, LAYER):
+                names = profile.kernel_names(fns[name], device)
+                t = timing.bench([fns[name]], device=device, reps=p["reps"], warmup=WARMUP[device],
+                                 target_ms=p["target_ms"])
+                rows.append({"E": E, "K": K, "I": I_, "k": k, "n": n, "step": name,
+                             "kernels": len(names) if names else None, "kernel_names": names, "timing": t.to_dict(),
+                             **errs})
+            del x, fns
+        del router, w_up, w_down
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        print(f"MoE layer E={E} done", flush=True)
+    return rows
 
 
 # ---------------------------------------------------------------------------- why the masks matter

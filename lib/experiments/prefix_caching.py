@@ -17,7 +17,9 @@ float32 on a CPU smoke run) over a paged KV pool (``lib.kv_pool``) with a prefix
 3. Savings. For each prompt length ``n`` the whole prompt is prefilled once (its K and V are then in the
    pool); for each cached fraction the ``prefill`` path computes positions ``c`` to ``n - 1`` (``c`` the
    fraction of ``n`` rounded down to a block) and is timed with ``lib.bench.timing.bench`` (GPU time and
-   call time). Then one ``decode`` step (batch 1) at position ``n - 1`` is timed the same way.
+   call time). Then one ``decode`` step (batch 1) at position ``n - 1`` is timed the same way; at the
+   shortest prompt the profiler also lists the kernels of one decode step with their device times, and
+   the kernels one whole prefill launches.
 
 The timed paths are the notebook's (passed in as ``prefill``, ``decode`` and ``first_token``); before any
 is timed, its output is checked against an oracle: a cached prefill's last logits and a decode step's
@@ -38,7 +40,7 @@ import pandas as pd
 import torch
 
 from lib import model, prefix_cache
-from lib.bench import timing
+from lib.bench import profile, timing
 from lib.experiments import require
 from lib.prefix_cache import PrefixCache
 
@@ -175,7 +177,13 @@ def measure_savings(m, p: dict, dev: str, gen: torch.Generator, prefill, decode)
         model.check_logits(f"decode step at position {n - 1}", decode(m, pool, tok, table, lens), whole, p["dtype"], dev)
         t = timing.bench([lambda tok=tok, table=table, lens=lens: decode(m, pool, tok, table, lens)], device=dev,
                          reps=p["reps"], warmup=1, target_ms=p["target_ms"])
-        rows.append({"n": n, "fraction": None, "cached": None, "decode": True, "timing": t.to_dict()})
+        row = {"n": n, "fraction": None, "cached": None, "decode": True, "timing": t.to_dict()}
+        if n == p["lengths"][0]:  # where the time of the shortest prompt's decode step goes, kernel by kernel
+            row["kernels"] = profile.kernel_times(lambda tok=tok, table=table, lens=lens: decode(m, pool, tok, table, lens),
+                                                  dev)
+            row["prefill_kernels"] = profile.kernel_names(
+                lambda tokens=tokens, blocks=blocks: prefill(m, pool, tokens, blocks, 0), dev)
+        rows.append(row)
         pool.decref(blocks.tolist())
         pool.free(blocks.tolist())
         print(f"n={n} done", flush=True)
