@@ -204,7 +204,7 @@ def test_targets_against_the_cublas_loop_and_the_read_floor_worked_by_hand():
     """bf16, P = 0.001 TFLOP/s (1e9 FLOP/s), read rate 1 GB/s, copy rate 0.5 GB/s; K = 4, N = 8, T = 4:
     F = 2 * 4 * 4 * 8 = 256 FLOPs, F/P = 0.256 us.
     E = 2, counts [3, 1]: Q = 2 (2 * 32 + 16 + 32) = 224 bytes; read floor max(0.256, 0.224) = 0.256 us,
-    compute-bound (by the copy rate, 0.448 us, it would be memory-bound: the read rate decides). The cuBLAS
+    compute-bound (by the copy rate, 0.448 us, it would be memory-bound: the floor takes the read rate). The cuBLAS
     loop 0.4 us, lib 0.5 us: the loop's time over lib's is 0.8, under the target of 1.
     E = 64, four experts of one token: Q = 2 (4 * 32 + 16 + 32) = 352 bytes, read floor 0.352 us,
     memory-bound; lib 0.4 us reaches 0.352 / 0.4 = 0.88 of it, over the target of 0.85."""
@@ -220,7 +220,8 @@ def test_targets_against_the_cublas_loop_and_the_read_floor_worked_by_hand():
     a = experiment.Analysis(data, params, {"bf16_tflops": 0.001, "copy_bw_GBps": 0.5, "read_bw_GBps": 1.0})
     small, large = (2, 4, "uniform"), (64, 4, "uniform")
     assert a.cases.loc[small, "read floor (us)"] == pytest.approx(0.256)
-    assert (a.cases.loc[small, "read bound"], a.cases.loc[small, "bound"]) == ("compute", "memory")
+    assert (a.cases.loc[small, "read bound"], a.cases.loc[small, "bound"]) == ("compute", "compute")
+    assert a.cases.loc[small, "floor (us)"] == pytest.approx(0.256)  # the floor is the read floor, not the copy one
     assert a.cases.loc[large, "read floor (us)"] == pytest.approx(0.352) and a.cases.loc[large, "read bound"] == "memory"
     n, t = a.numbers(), a.texts()
     assert n["speedup_vs_cublas_loop_e8"] == pytest.approx(0.8) and n["e8_compute_cases"] == 1
@@ -261,3 +262,47 @@ def test_expert_parallel_bytes_and_rank_loads_by_hand():
         experiment.ep_rank_loads([1, -2], 1)
     with pytest.raises(ValueError, match="top_k must be a positive int"):
         experiment.ep_bytes_per_token(4096, 0, 8)
+
+
+def test_experts_touched_hand_worked():
+    # one pair touches one expert; E pairs over E = 2 experts: 2 (1 - 1/4) = 1.5
+    assert experiment.experts_touched(8, 1) == pytest.approx(1.0)
+    assert experiment.experts_touched(2, 2) == pytest.approx(1.5)
+    assert experiment.experts_touched(5, 0) == 0
+    with pytest.raises(ValueError):
+        experiment.experts_touched(0, 3)
+
+
+def test_layer_step_costs_hand_worked():
+    # E = 4, K = 8, I = 16, k = 2, n = 3 tokens, 2 experts touched, b = 2 bytes: 6 pairs
+    c = {s: experiment.layer_step_cost(s, 4, 8, 16, 2, 3, 2) for s in experiment.STEPS}
+    assert c["router"] == {"flops": 2 * 3 * 8 * 4, "bytes": 2 * (3 * 8 + 8 * 4 + 3 * 4)}
+    assert c["permute"]["bytes"] == 2 * 2 * 6 * 8 + 32 * 6
+    assert c["gate-up GEMM"] == {"flops": 2 * 6 * 8 * 32, "bytes": 2 * (2 * 8 * 32 + 6 * 8 + 6 * 32)}
+    assert c["down GEMM"] == {"flops": 2 * 6 * 16 * 8, "bytes": 2 * (2 * 16 * 8 + 6 * 16 + 6 * 8)}
+    assert c["unpermute"]["bytes"] == 2 * (3 * 6 * 8 + 3 * 8)
+    with pytest.raises(ValueError, match="step"):
+        experiment.layer_step_cost("softmax", 4, 8, 16, 2, 3, 2)
+
+
+def layer_row(step, us, E=4, n=3, kernels=1, counts=(2, 0, 3, 1)):
+    t = {"median": us, "q1": us, "q3": us, "min": us, "max": us, "n": 1}
+    return {"E": E, "K": 8, "I": 16, "k": 2, "n": n, "step": step, "kernels": kernels, "kernel_names": None,
+            "timing": {"gpu_us": t, "call_us": {**t, "median": 2 * us}, "calls_per_sample": 1, "buffers": 1,
+                       "method": "cuda-graph/eager"}, "counts": list(counts), "router_err": 0, "topk_err": 0,
+            "layer_err": 0}
+
+
+def test_layer_analysis_shares_worked_by_hand():
+    # routing steps 1 + 2 + 3 + 4 = 10 us, experts 20 + 5 + 15 = 40 us: share 10 / 50 = 0.2; 3 experts touched
+    times = dict(zip(experiment.STEPS, (1, 2, 3, 20, 5, 15, 4)))
+    rows = [layer_row(s, us) for s, us in times.items()] + [layer_row("layer", 48.0)]
+    la = experiment.LayerAnalysis(rows, {"bf16_tflops": 1.0, "read_bw_GBps": 1.0, "launch_graph_us": 1.0}, "bfloat16")
+    r = la.table.iloc[0]
+    assert (r["routing (us)"], r["experts (us)"], r["layer (us)"]) == (10, 40, 48)
+    assert r["routing share"] == pytest.approx(0.2) and r["layer, call time (us)"] == 96
+    assert r["experts touched"] == 3 and r["expected touched"] == pytest.approx(4 * (1 - 0.75 ** 6))
+    shares = la.share_figure_data().iloc[0]
+    assert shares.sum() == pytest.approx(1.0) and shares["gate-up GEMM"] == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="launch_graph_us"):
+        experiment.LayerAnalysis(rows, {"bf16_tflops": 1.0, "read_bw_GBps": 1.0}, "bfloat16")

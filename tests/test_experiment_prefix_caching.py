@@ -153,3 +153,34 @@ def test_predict_prefill_takes_the_largest_term():
     assert p["ms"] == pytest.approx(2.0) and p["bound"] == "memory"
     with pytest.raises(ValueError, match="cached < n"):
         pc.prefill_cost(cfg, 8, 8)
+
+
+def test_kernel_groups_by_name():
+    assert pc.kernel_group("nvjet_sm90_tst_128x8_64x12_2x1_v_bz_NNT") == "GEMM (cuBLAS)"
+    assert pc.kernel_group("void cublasLt::splitKreduce_kernel<32, 16>") == "GEMM (cuBLAS)"
+    assert pc.kernel_group("_decode_kernel") == "attention (chapter 3's kernel)"
+    assert pc.kernel_group("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel") == "RMSNorm"
+    assert pc.kernel_group("Memcpy DtoD (Device -> Device)") == "copies and indexing"
+    assert pc.kernel_group("void at::native::silu_kernel") == pc.OTHER_GROUP
+
+
+def test_decode_breakdown_worked_by_hand():
+    # 2 GEMMs of 40 us reading 80 bytes at 1 B/us (read 80 us): read fraction 80 / 80 = 1; 3 small kernels of
+    # 2 us; step 100 us: 14 us between kernels; prediction 80 + 3 * 1.5 = 84.5 us
+    kernels = [{"name": "nvjet_a", "us": 40.0}, {"name": "silu", "us": 2.0}, {"name": "nvjet_b", "us": 40.0},
+               {"name": "_decode_kernel", "us": 2.0}, {"name": "Memset (Device)", "us": 2.0}]
+    table, n = pc.decode_breakdown(kernels, 100.0, weights=80, read_bw=1e6, launch_us=1.5)
+    assert n["decode_kernels"] == 5 and n["decode_gemm_kernels"] == 2 and n["decode_small_kernels"] == 3
+    assert n["decode_weight_read_us"] == pytest.approx(80) and n["decode_gemm_read_frac"] == pytest.approx(1.0)
+    assert n["decode_gaps_us"] == pytest.approx(14) and n["decode_predicted_us"] == pytest.approx(84.5)
+    assert n["decode_over_predicted"] == pytest.approx(100 / 84.5)
+    assert table.loc["GEMM (cuBLAS)", "kernels"] == 2 and table.loc["between kernels", "device time (us)"] == pytest.approx(14)
+    assert table.loc["step (CUDA-graph replay)", "share of the step"] == 1.0
+    with pytest.raises(ValueError, match="profile"):
+        pc.decode_breakdown([], 1.0, 1, 1.0, 1.0)
+
+
+def test_weight_bytes_of_the_1b_model():
+    c = model.CONFIGS["1b"]
+    per_layer = 2048 * (32 + 16) * 64 + 32 * 64 * 2048 + 2048 * 2 * 8192 + 8192 * 2048
+    assert pc.weight_bytes(c) == 2 * (16 * per_layer + 32000 * 2048)

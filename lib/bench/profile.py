@@ -4,10 +4,7 @@ A model of an operation's time includes one launch per kernel (chapter 2's launc
 operator made of several kernels pays several launches, a cuBLAS product may add a split-K
 reduction. Counting them on the device replaces a guess, and their names say which algorithm ran.
 
-``kernel_times`` also gives each activity's time on the device, to see where a step of many small
-kernels spends it (chapter 5's decode step).
-
-Chapters: 1, 2 and 5.
+Chapters: 1 and 2.
 """
 
 from __future__ import annotations
@@ -42,27 +39,3 @@ def kernels_per_call(fn: Callable[[], object], device: str) -> int | None:
     """How many GPU activities one call issues (None where they cannot be seen; a model then assumes 1)."""
     names = kernel_names(fn, device)
     return len(names) if names else None
-
-
-def kernel_times(fn: Callable[[], object], device: str) -> list[dict] | None:
-    """Each GPU activity one call of ``fn`` issues, in order: {"name", "us"} with its time on the device in
-    microseconds (from the profiler's device timestamps, one call, run eagerly after one warm-up call).
-
-    None on the CPU, or where the profiler cannot see the GPU."""
-    if device != "cuda":
-        return None
-    import torch
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    try:
-        fn()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            fn()
-            torch.cuda.synchronize()
-        events = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA), key=lambda e: e.time_range.start)
-        out = [{"name": e.name, "us": float(e.time_range.end - e.time_range.start)} for e in events]
-    except Exception:  # a profiler that cannot attach must not lose the measurement
-        return None
-    return out or None

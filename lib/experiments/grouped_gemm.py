@@ -427,7 +427,7 @@ class Analysis:
 
     - ``points``: one row per case and path, with GPU and call time, F = 2TKN, Q (bytes of the weights
       of experts that got tokens, of x and of y), the floor max(F/P, Q/BW) with P the bf16 rate and BW
-      the copy bandwidth, which of the two sets it (``bound``), the share of the floor reached, TFLOP/s.
+      chapter 0's streaming read rate, which of the two sets it (``bound``), the share of the floor reached, TFLOP/s.
     - ``per_path(column)``: a column by case and path; ``cases``: the floor, bound, non-empty experts,
       largest expert and every path's GPU time (" gpu") and call time (" call"), one row per case.
     - ``summary``: lib's share of the floor (and of the read floor, the same with chapter 0's streaming
@@ -449,13 +449,15 @@ class Analysis:
     """
 
     def __init__(self, data: dict, params: dict, c: dict):
-        missing = [k for k in ("bf16_tflops", "copy_bw_GBps", "read_bw_GBps") if k not in c]
+        missing = [k for k in ("bf16_tflops", "read_bw_GBps") if k not in c]
         if missing:
             raise ValueError(f"chapter 0's ceilings lack {missing}: pass lib.bench.ceilings.load(...) of a run of "
                              "00-the-machine that measured them")
         self.params, self.sms = params, data["sms"]
-        P, BW = c["bf16_tflops"] * 1e12, c["copy_bw_GBps"] * 1e9
-        self.read_bw = c["read_bw_GBps"] * 1e9
+        # the floor's bandwidth is chapter 0's streaming read rate, the fastest rate measured for reading HBM:
+        # a floor measurements cannot beat (the copy rate, lower, would flatter every share of the floor)
+        P, BW = c["bf16_tflops"] * 1e12, c["read_bw_GBps"] * 1e9
+        self.read_bw = BW
         pts = pd.DataFrame(data["points"])
         pts["GPU time (us)"] = [t["gpu_us"]["median"] for t in pts["timing"]]
         pts["call time (us)"] = [t["call_us"]["median"] for t in pts["timing"]]
@@ -464,10 +466,8 @@ class Analysis:
         pts["Q"] = b * (pts["nonempty"] * pts["K"] * pts["N"] + pts["T"] * pts["K"] + pts["T"] * pts["N"])
         pts["floor (us)"] = [max(f / P, q / BW) * 1e6 for f, q in zip(pts["F"], pts["Q"])]
         pts["bound"] = ["compute" if f / P > q / BW else "memory" for f, q in zip(pts["F"], pts["Q"])]
-        # the same floor with chapter 0's streaming read rate: a higher rate, so a floor measurements cannot beat
-        BWr = c["read_bw_GBps"] * 1e9
-        pts["read floor (us)"] = [max(f / P, q / BWr) * 1e6 for f, q in zip(pts["F"], pts["Q"])]
-        pts["read bound"] = ["compute" if f / P > q / BWr else "memory" for f, q in zip(pts["F"], pts["Q"])]
+        pts["read floor (us)"] = pts["floor (us)"]  # the names the targets use
+        pts["read bound"] = pts["bound"]
         pts["of floor"] = pts["floor (us)"] / pts["GPU time (us)"]
         pts["TFLOP/s"] = pts["F"] / pts["GPU time (us)"] / 1e6
         pts["case"] = [f"E={e} T={t} {r}" for e, t, r in zip(pts["E"], pts["T"], pts["routing"])]
@@ -798,6 +798,10 @@ class Analysis:
         out["e8_memory_cases_words"] = "; ".join(_tokens_words(k) for k in e8_mem.index) or "none"
         if len(self.read_wb):
             out["read_floor_worst_case"] = _case_words(self.read_wb.idxmin())
+        below = int((self.e64_bound < 5).sum())
+        out["loop_room_words"] = ("so a kernel at the floor could be 5 times faster in every case" if below == 0 else
+                                  f"so in {below} of {len(self.e64_bound)} cases no kernel at the floor could be 5 "
+                                  "times faster")
         return out
 
     def checks(self) -> dict:
@@ -844,6 +848,134 @@ class Analysis:
                                       "worst_uni_round_cap_slack", "worst_uni_half_over_whole_flops",
                                       "worst_uni_half_over_whole_gpu", "worst_uni_padded_of_floor",
                                       "worst_uni_padded_tile_over_mmax"], nan))
+        return out
+
+
+# ---------------------------------------------------------------------------- the whole layer (analysis)
+
+def experts_touched(E: int, pairs: int) -> float:
+    """Experts expected to get at least one of ``pairs`` token-expert pairs when each pair picks one of E
+    experts uniformly at random: E (1 - (1 - 1/E)^pairs). (A token's k experts are distinct, which this
+    ignores; it changes the count by less than one expert for the chapter's cases.)"""
+    if E < 1 or pairs < 0:
+        raise ValueError(f"need E >= 1 and pairs >= 0, got E={E}, pairs={pairs}")
+    return E * (1 - (1 - 1 / E) ** pairs)
+
+
+def layer_step_cost(step: str, E: int, K: int, I_: int, k: int, n: int, touched: int, b: int = 2) -> dict:
+    """FLOPs and bytes of one step of the MoE layer (``STEPS``) for n tokens, as ``lib.moe`` and the grouped
+    GEMM compute it (chapter 2's terms: each tensor read or written once, float32 scores of 4 bytes):
+
+    - router: [n, K] x [K, E]; top-k: the scores read, converted to float32, softmax, top-k (about four
+      passes over n E float32 values);
+    - permute: the n k rows of x gathered (read and written), the ids sorted (8-byte keys and values);
+    - gate-up and down GEMMs: 2 n k K (2 I) and 2 n k I K FLOPs, the ``touched`` experts' weights read
+      once, activations read and written; SwiGLU: [n k, 2 I] read, [n k, I] written;
+    - unpermute: the n k rows put back (read and written), read again by the weighted sum, [n, K] written."""
+    pairs = n * k
+    cost = {
+        "router": (2 * n * K * E, b * (n * K + K * E + n * E)),
+        "top-k": (5 * n * E, b * n * E + 16 * n * E + 12 * pairs),
+        "permute": (0, 2 * b * pairs * K + 32 * pairs),
+        "gate-up GEMM": (2 * pairs * K * 2 * I_, b * (touched * K * 2 * I_ + pairs * K + pairs * 2 * I_)),
+        "SwiGLU": (4 * pairs * I_, b * (pairs * 2 * I_ + pairs * I_)),
+        "down GEMM": (2 * pairs * I_ * K, b * (touched * I_ * K + pairs * I_ + pairs * K)),
+        "unpermute": (2 * pairs * K, b * (3 * pairs * K + n * K)),
+    }
+    if step not in cost:
+        raise ValueError(f"step must be one of {STEPS}, got {step!r}")
+    flops, nbytes = cost[step]
+    return {"flops": flops, "bytes": nbytes}
+
+
+def _model_name(E: int, k: int) -> str:
+    return f"E = {E}, k = {k}"
+
+
+class LayerAnalysis:
+    """The MoE layer's steps (``measure_layer``'s rows) against chapter 2's model on chapter 0's ceilings
+    ``c``: every step's floor max(F/P, Q/BW, kernels t_launch) with BW the streaming read rate and
+    t_launch the GPU time of one kernel in a graph.
+
+    - ``steps``: one row per case and step (GPU time, call time, kernels, floor);
+    - ``table``: one row per case: the routing steps' and the experts' GPU time, the layer's, the routing
+      steps' share of the sum of the steps, the experts touched against ``experts_touched``, and the
+      experts' GPU time over their floor;
+    - ``numbers()``, ``checks()``: what the page quotes and the claims check."""
+
+    def __init__(self, rows: list[dict], c: dict, dtype: str):
+        missing = [key for key in ("bf16_tflops", "read_bw_GBps", "launch_graph_us") if key not in c]
+        if missing:
+            raise ValueError(f"chapter 0's ceilings lack {missing}: pass lib.bench.ceilings.load(...)")
+        P, BW, t0 = c["bf16_tflops"] * 1e12, c["read_bw_GBps"] * 1e9, c["launch_graph_us"] * 1e-6
+        b = 2 if dtype == "bfloat16" else 4
+        st = pd.DataFrame(rows)
+        st["model"] = [_model_name(E, k) for E, k in zip(st["E"], st["k"])]
+        st["GPU time (us)"] = [t["gpu_us"]["median"] for t in st["timing"]]
+        st["call time (us)"] = [t["call_us"]["median"] for t in st["timing"]]
+        st["touched"] = [sum(1 for m in counts if m > 0) for counts in st["counts"]]
+        floors = []
+        for r in st.itertuples():
+            if r.step == LAYER:
+                floors.append(float("nan"))
+                continue
+            cost = layer_step_cost(r.step, r.E, r.K, r.I, r.k, r.n, r.touched, b)
+            kernels = r.kernels if r.kernels == r.kernels and r.kernels is not None else 1
+            floors.append(max(cost["flops"] / P, cost["bytes"] / BW, kernels * t0) * 1e6)
+        st["floor (us)"] = floors
+        self.steps = st
+        case = ["model", "E", "k", "n"]
+        g = st[st["step"] != LAYER]
+        wide = g.pivot_table(index=case, columns="step", values="GPU time (us)", sort=False)
+        floor = g.pivot_table(index=case, columns="step", values="floor (us)", sort=False)
+        first = st[st["step"] == LAYER].set_index(case)
+        t = pd.DataFrame(index=wide.index)
+        t["routing (us)"] = wide[list(ROUTING)].sum(axis=1)
+        t["experts (us)"] = wide[list(GEMMS)].sum(axis=1)
+        t["layer (us)"] = first["GPU time (us)"]
+        t["layer, call time (us)"] = first["call time (us)"]
+        t["routing share"] = t["routing (us)"] / (t["routing (us)"] + t["experts (us)"])
+        t["routing over its floor"] = t["routing (us)"] / floor[list(ROUTING)].sum(axis=1)
+        t["experts over their floor"] = t["experts (us)"] / floor[list(GEMMS)].sum(axis=1)
+        t["experts touched"] = first["touched"]
+        t["expected touched"] = [experts_touched(E, n * k) for (_m, E, k, n) in t.index]
+        self.table = t.reset_index(level=["E", "k"], drop=True)
+        self.wide = wide
+
+    def share_figure_data(self) -> pd.DataFrame:
+        """Each step's share of the sum of the steps' GPU time, one row per case (for a stacked bar)."""
+        return self.wide[list(STEPS)].div(self.wide[list(STEPS)].sum(axis=1), axis=0).reset_index(
+            level=["E", "k"], drop=True)
+
+    def numbers(self) -> dict:
+        t = self.table
+        models = list(dict.fromkeys(m for m, _ in t.index))
+        n_min, n_max = min(n for _, n in t.index), max(n for _, n in t.index)
+        small, large = t.xs(n_min, level="n"), t.xs(n_max, level="n")
+        fine = max(models, key=lambda m: self.steps.loc[self.steps["model"] == m, "E"].iloc[0])
+        coarse = min(models, key=lambda m: self.steps.loc[self.steps["model"] == m, "E"].iloc[0])
+        out = {"moe_n_min": n_min, "moe_n_max": n_max,
+               "moe_share_min": float(t["routing share"].min()), "moe_share_max": float(t["routing share"].max()),
+               "moe_share_small_max": float(small["routing share"].max()),
+               "moe_share_large_fine": float(large.loc[fine, "routing share"]),
+               "moe_share_large_coarse": float(large.loc[coarse, "routing share"]),
+               "moe_experts_floor_small_min": float(small["experts over their floor"].min()),
+               "moe_experts_floor_small_max": float(small["experts over their floor"].max()),
+               "moe_routing_floor_max": float(t["routing over its floor"].max()),
+               "moe_touched_ratio_min": float((t["experts touched"] / t["expected touched"]).min()),
+               "moe_touched_ratio_max": float((t["experts touched"] / t["expected touched"]).max())}
+        for label, m in (("fine", fine), ("coarse", coarse)):
+            rows = self.steps[self.steps["model"] == m].iloc[0]
+            out.update({f"moe_{label}_E": int(rows["E"]), f"moe_{label}_k": int(rows["k"]), f"moe_{label}_K": int(rows["K"]),
+                        f"moe_{label}_I": int(rows["I"])})
+            sub = t.loc[m]
+            out[f"moe_{label}_touched_64"] = float(sub.loc[64, "experts touched"]) if 64 in sub.index else float("nan")
+            out[f"moe_{label}_layer_64_us"] = float(sub.loc[64, "layer (us)"]) if 64 in sub.index else float("nan")
+            out[f"moe_{label}_layer_small_us"] = float(sub.loc[n_min, "layer (us)"])
+            out[f"moe_{label}_layer_large_us"] = float(sub.loc[n_max, "layer (us)"])
+        unp = self.steps[(self.steps["model"] == fine) & (self.steps["n"] == n_max)].set_index("step")
+        out["moe_fine_unpermute_us"] = float(unp.loc["unpermute", "GPU time (us)"])
+        out["moe_fine_unpermute_over_floor"] = float(unp.loc["unpermute", "GPU time (us)"] / unp.loc["unpermute", "floor (us)"])
         return out
 
 

@@ -40,7 +40,7 @@ import pandas as pd
 import torch
 
 from lib import model, prefix_cache
-from lib.bench import profile, timing
+from lib.bench import profile, timing, trace
 from lib.experiments import require
 from lib.prefix_cache import PrefixCache
 
@@ -179,7 +179,7 @@ def measure_savings(m, p: dict, dev: str, gen: torch.Generator, prefill, decode)
                          reps=p["reps"], warmup=1, target_ms=p["target_ms"])
         row = {"n": n, "fraction": None, "cached": None, "decode": True, "timing": t.to_dict()}
         if n == p["lengths"][0]:  # where the time of the shortest prompt's decode step goes, kernel by kernel
-            row["kernels"] = profile.kernel_times(lambda tok=tok, table=table, lens=lens: decode(m, pool, tok, table, lens),
+            row["kernels"] = trace.kernel_times(lambda tok=tok, table=table, lens=lens: decode(m, pool, tok, table, lens),
                                                   dev)
             row["prefill_kernels"] = profile.kernel_names(
                 lambda tokens=tokens, blocks=blocks: prefill(m, pool, tokens, blocks, 0), dev)
@@ -235,14 +235,77 @@ def replay_workload(prompts, pool_blocks, cases, block_size: int) -> pd.DataFram
     return table
 
 
-# Kernels one prefill launches, counted from lib.model's code (TinyLlama.prefill on a GPU): per layer the
-# attention input (RMSNorm, QKV GEMM, 7 elementwise kernels of RoPE, 2 copies of the strided K and V rows,
-# 2 index_copy_ into the pool), the gather (2 index_select of whole pages), the attention kernel, and the
+# Kernels one prefill launches (TinyLlama.prefill on a GPU), as the profiler counts them on the H200 (the
+# chapter's data, ``prefill_kernels``): per layer the attention input (RMSNorm, QKV GEMM, 8 elementwise
+# kernels of RoPE, 2 copies of the strided K and V rows, 2 index_copy_ into the pool), the gather (2 memsets
+# and 2 index_select of whole pages), the attention kernel, the concatenation of RoPE's halves, and the
 # output and MLP (copy of the attention output, O GEMM with the residual, RMSNorm, gate-up GEMM, SiLU,
 # product, down GEMM with the residual); once per call the slot and page indices, the RoPE tables, the
 # embedding, the final RMSNorm and the output head.
-KERNELS_PER_LAYER = 23
-KERNELS_PER_CALL = 20
+KERNELS_PER_LAYER = 26
+KERNELS_PER_CALL = 21
+
+# how a decode step's kernels are grouped by name (the first group whose words the name contains)
+KERNEL_GROUPS = (("GEMM (cuBLAS)", ("nvjet", "gemm", "gemv", "splitkreduce", "cutlass", "xmma")),
+                 ("attention (chapter 3's kernel)", ("_decode_kernel", "_combine_kernel")),
+                 ("RMSNorm", ("layer_norm", "rms_norm")),
+                 ("copies and indexing", ("memcpy", "memset", "index", "gather", "copy", "cat")))
+OTHER_GROUP = "elementwise (RoPE, SiLU, products)"
+
+
+def kernel_group(name: str) -> str:
+    """The group of ``KERNEL_GROUPS`` a GPU activity's name falls in (``OTHER_GROUP`` if none)."""
+    low = name.lower()
+    for group, words in KERNEL_GROUPS:
+        if any(w in low for w in words):
+            return group
+    return OTHER_GROUP
+
+
+def weight_bytes(cfg, b: int = 2) -> int:
+    """Bytes of the weights one decode step reads: every layer's projections and the output head (the
+    embedding only for the new token's row, left out)."""
+    qkv_n = (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim
+    per_layer = cfg.hidden * qkv_n + cfg.heads * cfg.head_dim * cfg.hidden + cfg.hidden * 2 * cfg.mlp + cfg.mlp * cfg.hidden
+    return b * (cfg.layers * per_layer + cfg.vocab * cfg.hidden)
+
+
+def decode_breakdown(kernels: list[dict], gpu_us: float, weights: int, read_bw: float, launch_us: float):
+    """Where one decode step's GPU time goes: (table, numbers).
+
+    ``kernels``: the profiled activities of one step ({"name", "us"}); ``gpu_us``: the step's GPU time by
+    CUDA-graph replay; ``weights``: the bytes of weights it reads (``weight_bytes``); ``read_bw``: chapter
+    0's read rate (bytes/s); ``launch_us``: its GPU time of one kernel in a graph. The table has one row per
+    group (kernels, device time, share of the step, time per kernel) and one for the time between kernels
+    (the step's GPU time minus the kernels' sum). The numbers add the weights' read time, the GEMMs' share
+    of the read rate, and chapter 2's prediction for kernels run one after another: the sum over kernels of
+    max(bytes / BW, t_launch), i.e. the weights' read plus one launch time for every other kernel."""
+    if not kernels:
+        raise ValueError("no kernels: the profile of a decode step is measured on a GPU only")
+    frame = pd.DataFrame(kernels)
+    frame["group"] = [kernel_group(n) for n in frame["name"]]
+    g = frame.groupby("group", sort=False)["us"].agg(["count", "sum"])
+    order = [name for name, _ in KERNEL_GROUPS] + [OTHER_GROUP]
+    g = g.reindex([o for o in order if o in g.index])
+    busy = float(frame["us"].sum())
+    table = pd.DataFrame({"kernels": g["count"].astype(int), "device time (us)": g["sum"],
+                          "share of the step": g["sum"] / gpu_us, "us per kernel": g["sum"] / g["count"]})
+    table.loc["between kernels"] = [None, gpu_us - busy, (gpu_us - busy) / gpu_us, None]
+    table.loc["step (CUDA-graph replay)"] = [len(frame), gpu_us, 1.0, None]
+    table.index.name = "kernels of one decode step"
+    gemm = "GEMM (cuBLAS)"
+    gemm_us = float(g.loc[gemm, "sum"]) if gemm in g.index else float("nan")
+    gemm_n = int(g.loc[gemm, "count"]) if gemm in g.index else 0
+    read_us = weights / read_bw * 1e6
+    small = frame[frame["group"] != gemm]
+    predicted = read_us + len(small) * launch_us
+    numbers = {"decode_kernels": len(frame), "decode_gemm_kernels": gemm_n, "decode_gemm_us": gemm_us,
+               "decode_weight_read_us": read_us, "decode_gemm_read_frac": read_us / gemm_us,
+               "decode_small_kernels": len(small), "decode_small_us": float(small["us"].sum()),
+               "decode_small_us_per_kernel": float(small["us"].mean()), "decode_gaps_us": gpu_us - busy,
+               "decode_gpu_us": gpu_us, "decode_over_weight_read": gpu_us / read_us,
+               "decode_predicted_us": predicted, "decode_over_predicted": gpu_us / predicted}
+    return table, numbers
 
 
 def prefill_cost(cfg, n: int, cached: int, *, b: int = 2) -> dict:

@@ -29,7 +29,7 @@ memory with an input, and the launch parameters are checked before planning; the
 device) where they can be read without cost or where the caller asks (``check``).
 
 Accumulation is in fp32; inputs fp16, bf16 or fp32. ``tile_schedule`` is the same schedule in plain
-Python (the seed's worked example). The kernels are written as small ``@triton.jit`` pieces (the
+Python (chapter 4's worked example). The kernels are written as small ``@triton.jit`` pieces (the
 schedule, the order, one tile by pointer loads or by TMA) that variants for tuning reuse.
 
 Chapters: 4.

@@ -57,3 +57,15 @@ def test_profile_sees_the_kernels_of_a_call():
     a = torch.randn(256, 256, device="cuda")
     names = profile.kernel_names(lambda: a @ a, "cuda")
     assert names and profile.kernels_per_call(lambda: a @ a, "cuda") == len(names)
+
+
+def test_trace_times_each_kernel_of_a_call():
+    from lib.bench import trace
+
+    a = torch.randn(4096, 4096, device="cuda")
+    b = torch.randn(4096, device="cuda")
+    listed = trace.kernel_times(lambda: (a @ a).add_(b), "cuda")
+    assert listed and len(listed) == len(profile.kernel_names(lambda: (a @ a).add_(b), "cuda"))
+    # a 4096^3 float32 product takes far longer on the device than the add of one vector
+    assert all(k["us"] > 0 for k in listed) and listed[0]["us"] > listed[-1]["us"]
+    assert trace.kernel_times(lambda: a @ a, "cpu") is None
