@@ -17,6 +17,9 @@ TRITON_NEXT_DIR := .cache/triton-$(TRITON_NEXT)
 # What `make check-kernels` compiles: one configuration of each code path (ALL=1: every configuration)
 KERNELS := $(if $(ALL),,--paths)
 
+# pytest workers of `make test` (each takes whole test files; CI's machine has two cores)
+TEST_WORKERS ?= 2
+
 # The browser of `make check-html`: Debian's Chromium, installed when missing (as root, or with sudo).
 CHROMIUM ?= /usr/bin/chromium
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
@@ -74,12 +77,13 @@ book: $(BOOK_ENV)
 test: $(ENV) $(CHROMIUM)
 	$(PYTHON) -m ruff check lib tests tools notebooks
 	$(MAKE) check-kernels
-	BOOK_REQUIRE_BROWSER=1 $(PYTHON) -m pytest
+	BOOK_REQUIRE_BROWSER=1 $(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadfile
 	$(MAKE) check-html
 
 check-kernels: $(ENV) $(TRITON_NEXT_DIR)/.installed
-	$(PYTHON) tools/check_kernels.py $(KERNELS)
-	PYTHONPATH=$(TRITON_NEXT_DIR) $(PYTHON) tools/check_kernels.py $(KERNELS)
+	# the two Triton releases compile side by side (each compile runs on one core)
+	$(PYTHON) tools/check_kernels.py $(KERNELS) & pid=$$!; \
+	  PYTHONPATH=$(TRITON_NEXT_DIR) $(PYTHON) tools/check_kernels.py $(KERNELS); rc=$$?; wait $$pid && exit $$rc
 
 $(TRITON_NEXT_DIR)/.installed:
 	$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps --target $(TRITON_NEXT_DIR) triton==$(TRITON_NEXT)

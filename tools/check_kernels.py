@@ -24,6 +24,7 @@ constants, integers divisible by 16 marked so), deduplicated, and compiled throu
 - Chapter 4 (``grouped_gemm``): its MoE shapes (E, K, N) and token counts T in bf16; the TMA and the
   pointer kernels, whole and half-height last tiles.
 - Chapter 3's read-only kernels (``stream``) at the launches its run takes, and with every load hint.
+- Chapter 7 (``fused``): residual add + RMSNorm, RoPE + the K/V write and SiLU x up at Llama-3-8B's shapes.
 - ``tuning``: a few launches of the tuning sweeps' variant kernels (``tools/tuning``).
 
 A kernel the frontend or ptxas rejects is reported with its name and configuration; the exit status is 1
@@ -58,7 +59,7 @@ from triton.compiler import ASTSource  # noqa: E402
 TARGET = GPUTarget("cuda", 90, 32)  # Hopper: Triton compiles capability 90 for sm_90a
 H200_SMS = 132
 MAX_SHARED = 232448  # bytes of shared memory one program may use on sm_90 (227 KiB)
-GROUPS = ("decode_attention", "grouped_gemm", "stream", "tuning")
+GROUPS = ("decode_attention", "grouped_gemm", "stream", "fused", "tuning")
 _TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
           torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8",
           torch.bool: "i1"}
@@ -290,8 +291,29 @@ def _tuning_calls(rec: Recorder) -> None:
         gv.GroupedGemmVariant(x, w, offsets, **kw)(x, w, offsets)
 
 
+def _fused_calls(rec: Recorder) -> None:
+    """Chapter 7's fused kernels at the shapes of its full run (``lib.experiments.decode_step.sweep``) on
+    Llama-3-8B's configuration: residual add + RMSNorm, RoPE + the K/V write, SiLU x up."""
+    from lib import llama
+    from lib.experiments import decode_step
+    from lib.kernels import fused
+
+    p = decode_step.sweep("full")
+    c, dtype = llama.CONFIGS[p["config"]], getattr(torch, p["dtype"])
+    for B, L in p["shapes"]:
+        pages = -(-L // p["block"])
+        rec.label = f"chapter 7: B={B} L={L}"
+        x = _meta(B, c.hidden, dtype=dtype)
+        fused.rmsnorm(x, _meta(c.hidden, dtype=dtype), c.eps)
+        fused.rmsnorm(x, _meta(c.hidden, dtype=dtype), c.eps, residual=x)
+        kc = _meta(B * pages, c.kv_heads, p["block"], c.head_dim, dtype=dtype)
+        fused.rope_write(_meta(B, (c.heads + 2 * c.kv_heads) * c.head_dim, dtype=dtype), _meta(B, dtype=torch.int64),
+                         _meta(c.head_dim // 2, dtype=torch.float32), kc, kc, _meta(B, pages, dtype=torch.int32), c.heads)
+        fused.silu_mul(_meta(B, 2 * c.mlp, dtype=dtype))
+
+
 CALLS = {"decode_attention": _decode_calls, "grouped_gemm": _grouped_calls, "stream": _stream_calls,
-         "tuning": _tuning_calls}
+         "fused": _fused_calls, "tuning": _tuning_calls}
 
 
 def plan_jobs(groups=GROUPS, sms: int = H200_SMS) -> list[Job]:

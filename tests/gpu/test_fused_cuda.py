@@ -1,0 +1,49 @@
+"""Chapter 7's fused kernels and steps compiled on a CUDA GPU in bf16: against the unfused PyTorch step, and
+captured in a CUDA graph. Skipped without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lib import llama, model
+from lib.kernels import fused
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def test_kernels_in_bf16():
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x, r = (torch.randn(64, 4096, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
+    w = torch.rand(4096, device="cuda", generator=g, dtype=torch.bfloat16) + 0.5
+    out, h = fused.rmsnorm(x, w, 1e-5, residual=r)
+    assert torch.equal(h, x + r)
+    ref = F.rms_norm((x + r).float(), (4096,), w.float(), 1e-5)
+    assert float((out.float() - ref).abs().max()) < 0.05
+    gu = torch.randn(64, 2 * 14336, device="cuda", generator=g, dtype=torch.bfloat16)
+    ref = F.silu(gu[:, :14336].float()) * gu[:, 14336:].float()
+    assert float((fused.silu_mul(gu).float() - ref).abs().max()) < 0.05
+
+
+@pytest.mark.parametrize("B,L", [(1, 100), (8, 300)])
+def test_steps_match_the_unfused_step_in_a_cuda_graph(B, L):
+    cfg = model.Config(vocab=1000, hidden=512, layers=3, heads=8, kv_heads=2, head_dim=128, mlp=1024, rope_theta=500000.0)
+    m = llama.random_model(cfg, seed=1)
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    pages = -(-L // 16)
+    pool = m.new_pool(B * pages, 16)
+    pool.k.normal_(generator=gen), pool.v.normal_(generator=gen)
+    table = torch.randperm(B * pages, device="cuda", generator=gen).reshape(B, pages).to(torch.int32)
+    lens = torch.full((B,), L, dtype=torch.int32, device="cuda")
+    tokens = torch.randint(0, cfg.vocab, (B,), device="cuda", generator=gen)
+    ref = m.decode(tokens, pool, table, lens, check=False).float()
+    for step in (llama.FusedStep(m), llama.CompiledStep(m)):
+        eager = step(tokens, pool, table, lens).float()
+        assert float((eager - ref).abs().max()) <= 0.05 * float(ref.abs().max())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = step(tokens, pool, table, lens)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.allclose(captured.float(), eager, atol=1e-2, rtol=1e-2)

@@ -1,0 +1,118 @@
+"""Chapter 7's fused kernels (lib.kernels.fused) in Triton's interpreter, fp32 and fp16, against the PyTorch
+operators they replace; and the fused and compiled decode steps (lib.llama) against TinyLlama.decode."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lib import llama, model
+from lib.kernels import fused
+from lib.kv_pool import KVPool
+
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("N", [64, 100])
+def test_rmsnorm_with_and_without_residual(dtype, N):
+    g = torch.Generator().manual_seed(N)
+    x, r = torch.randn(3, N, generator=g).to(dtype), torch.randn(3, N, generator=g).to(dtype)
+    w = (torch.rand(N, generator=g) + 0.5).to(dtype)
+    out, h = fused.rmsnorm(x, w, 1e-5)
+    assert h is x
+    ref = F.rms_norm(x.float(), (N,), w.float(), 1e-5)
+    assert torch.allclose(out.float(), ref, atol=TOL[dtype] * 10, rtol=TOL[dtype] * 10)
+    out, h = fused.rmsnorm(x, w, 1e-5, residual=r)
+    s = (x + r)  # the sum in the input dtype, as the unfused step stores it
+    assert torch.equal(h, s)
+    assert torch.allclose(out.float(), F.rms_norm(s.float(), (N,), w.float(), 1e-5), atol=TOL[dtype] * 10,
+                          rtol=TOL[dtype] * 10)
+
+
+def test_rmsnorm_hand_worked():
+    # row [3, 4]: mean square 12.5, rms 3.5355; weight [1, 2] -> [0.8485, 2.2627]
+    out, _ = fused.rmsnorm(torch.tensor([[3.0, 4.0]]), torch.tensor([1.0, 2.0]), 0.0)
+    assert out[0].tolist() == pytest.approx([3 / 12.5 ** 0.5, 8 / 12.5 ** 0.5], rel=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_silu_mul(dtype):
+    g = torch.Generator().manual_seed(1)
+    gu = torch.randn(2, 2 * 1500, generator=g).to(dtype)  # I = 1500: a tail past the block of 1024
+    ref = F.silu(gu[:, :1500].float()) * gu[:, 1500:].float()
+    assert torch.allclose(fused.silu_mul(gu).float(), ref, atol=TOL[dtype] * 10, rtol=TOL[dtype] * 10)
+
+
+def test_silu_mul_hand_worked():
+    # gate 0 -> 0; gate 2 -> 2 / (1 + e^-2) = 1.7616; times up 3
+    out = fused.silu_mul(torch.tensor([[0.0, 2.0, 5.0, 3.0]]))
+    assert out[0].tolist() == pytest.approx([0.0, 3 * 2 / (1 + 2.718281828 ** -2)], rel=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rope_write_matches_the_model(dtype):
+    cfg = llama.TINY
+    m = model.TinyLlama(cfg, seed=0, dtype=dtype)
+    B, page = 3, 4
+    pool = KVPool(12, page, layers=1, kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, dtype=dtype)
+    pool.k.normal_(), pool.v.normal_()
+    table = torch.tensor([[5, 2, 7], [0, 9, 1], [11, 3, 4]], dtype=torch.int32)
+    lens = torch.tensor([6, 12, 1], dtype=torch.int32)
+    pos = lens.long() - 1
+    qkv = torch.randn(B, (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim, generator=torch.Generator().manual_seed(2)).to(dtype)
+    k_before, v_before = pool.k[0].clone(), pool.v[0].clone()
+    q = fused.rope_write(qkv, pos, m._inv_freq.float(), pool.k[0], pool.v[0], table, cfg.heads)
+    # the model's way: RoPE with its tables, then the rows of the pool
+    cos, sin = m._rope_tables(pos)
+    h = qkv.view(B, -1, cfg.head_dim)
+    qk = model.TinyLlama._rope(h[:, : cfg.heads + cfg.kv_heads].float(), cos.float(), sin.float())
+    assert torch.allclose(q.float(), qk[:, : cfg.heads], atol=TOL[dtype] * 20, rtol=TOL[dtype] * 20)
+    for b in range(B):
+        blk, slot = int(table[b, pos[b] // page]), int(pos[b] % page)
+        assert torch.allclose(pool.k[0][blk, :, slot].float(), qk[b, cfg.heads:], atol=TOL[dtype] * 20, rtol=TOL[dtype] * 20)
+        assert torch.equal(pool.v[0][blk, :, slot], h[b, cfg.heads + cfg.kv_heads:])
+        k_before[blk, :, slot], v_before[blk, :, slot] = pool.k[0][blk, :, slot], pool.v[0][blk, :, slot]
+    assert torch.equal(pool.k[0], k_before) and torch.equal(pool.v[0], v_before)  # nothing else written
+
+
+def test_bad_inputs_are_refused():
+    with pytest.raises(ValueError, match="residual"):
+        fused.rmsnorm(torch.zeros(2, 4), torch.ones(4), 1e-5, residual=torch.zeros(3, 4))
+    with pytest.raises(TypeError, match="fp16, bf16 or fp32"):
+        fused.silu_mul(torch.zeros(2, 4, dtype=torch.int32))
+    with pytest.raises(ValueError, match="2 I"):
+        fused.silu_mul(torch.zeros(2, 5))
+    with pytest.raises(ValueError, match="columns"):
+        fused.rope_write(torch.zeros(1, 10), torch.zeros(1, dtype=torch.long), torch.zeros(8), torch.zeros(2, 2, 4, 16),
+                         torch.zeros(2, 2, 4, 16), torch.zeros(1, 2, dtype=torch.int32), heads=4)
+
+
+def decode_case(m, B=2, page=4, lens=(7, 3)):
+    c = m.cfg
+    pool = m.new_pool(16, page)
+    pool.k.normal_(generator=torch.Generator().manual_seed(3)), pool.v.normal_(generator=torch.Generator().manual_seed(4))
+    table = torch.arange(B * 4, dtype=torch.int32).flip(0).reshape(B, 4).contiguous()
+    return pool, table, torch.tensor(lens, dtype=torch.int32), torch.tensor([5, 90][:B])
+
+
+def test_random_model_has_the_layout_of_tinyllama():
+    ref = model.TinyLlama(llama.TINY, dtype=torch.float32)
+    m = llama.random_model(llama.TINY, dtype=torch.float32, device="cpu")
+    assert m.embed.shape == ref.embed.shape and m.head.shape == ref.head.shape
+    assert [{k: v.shape for k, v in L.items()} for L in m.layers] == [{k: v.shape for k, v in L.items()} for L in ref.layers]
+    assert torch.equal(m._inv_freq, ref._inv_freq)
+    assert 0.015 < float(m.layers[0]["wqkv"].std()) < 0.025  # the same scale, other values
+    assert not torch.equal(m.layers[0]["wqkv"], ref.layers[0]["wqkv"])
+
+
+@pytest.mark.parametrize("step", ["fused", "compiled"])
+def test_steps_match_the_model_decode(step):
+    m = llama.random_model(llama.TINY, dtype=torch.float32, device="cpu")
+    pool, table, lens, tokens = decode_case(m)
+    pool2 = m.new_pool(16, 4)
+    pool2.k.copy_(pool.k), pool2.v.copy_(pool.v)
+    ref = m.decode(tokens, pool, table, lens, check=False)
+    fn = llama.FusedStep(m) if step == "fused" else llama.CompiledStep(m, backend="aot_eager")
+    got = fn(tokens, pool2, table, lens)
+    assert torch.allclose(got, ref, atol=1e-4, rtol=1e-4)
+    assert torch.allclose(pool2.k, pool.k, atol=1e-5) and torch.allclose(pool2.v, pool.v, atol=1e-5)  # the same K/V
