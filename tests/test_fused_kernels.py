@@ -88,7 +88,6 @@ def test_bad_inputs_are_refused():
 
 
 def decode_case(m, B=2, page=4, lens=(7, 3)):
-    c = m.cfg
     pool = m.new_pool(16, page)
     pool.k.normal_(generator=torch.Generator().manual_seed(3)), pool.v.normal_(generator=torch.Generator().manual_seed(4))
     table = torch.arange(B * 4, dtype=torch.int32).flip(0).reshape(B, 4).contiguous()

@@ -138,10 +138,12 @@ def measure(params: dict, device: str, paths: Callable) -> dict:
         rounds = {n: [] for n in names}
         for r in range(p["rounds"]):
             for n in (names if r % 2 == 0 else names[::-1]):
-                t = timing.bench([lambda n=n: fns[n](tokens, pool, table, lens)], device=device, reps=p["reps"],
+                t = timing.bench([lambda n=n, tk=tokens, pl=pool, tb=table, ln=lens: fns[n](tk, pl, tb, ln)], device=device,
+                                 reps=p["reps"],
                                  warmup=WARMUP[device], target_ms=p["target_ms"])
                 rounds[n].append(t.to_dict())
-        kernels = {n: trace.kernel_times(lambda n=n: fns[n](tokens, pool, table, lens), device) for n in names}
+        kernels = {n: trace.kernel_times(lambda n=n, tk=tokens, pl=pool, tb=table, ln=lens: fns[n](tk, pl, tb, ln), device)
+                   for n in names}
         steps.append({"B": B, "L": L, "checks": checks, "rounds": rounds, "kernels": kernels})
         print(f"B={B} L={L} done", flush=True)
         del pool, table
@@ -152,7 +154,8 @@ def measure(params: dict, device: str, paths: Callable) -> dict:
         pool, table = _pool(m, 1, n, p["block"], gen)
         tokens = torch.randint(0, cfg.vocab, (n,), generator=gen, device=device)
         blocks = table[0].long()
-        t = timing.bench([lambda: m.prefill(tokens, pool, blocks, 0, last_only=True)], device=device, reps=p["reps"],
+        t = timing.bench([lambda tk=tokens, pl=pool, bl=blocks: m.prefill(tk, pl, bl, 0, last_only=True)], device=device,
+                         reps=p["reps"],
                          warmup=WARMUP[device], target_ms=p["target_ms"])
         prefill.append({"n": n, "timing": t.to_dict(), "flops": prefill_flops(cfg, n)})
         del pool, table

@@ -146,12 +146,12 @@ def rope_write(qkv: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, k_c
 # ---------------------------------------------------------------------------- SwiGLU
 
 @triton.jit
-def _silu_mul_kernel(GU, OUT, I, stride_gu, stride_o, BLOCK: tl.constexpr):
+def _silu_mul_kernel(GU, OUT, WIDTH, stride_gu, stride_o, BLOCK: tl.constexpr):
     b = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < I
+    mask = cols < WIDTH
     g = tl.load(GU + b * stride_gu + cols, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(GU + b * stride_gu + I + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(GU + b * stride_gu + WIDTH + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(OUT + b * stride_o + cols, (g / (1.0 + tl.exp(-g)) * u).to(OUT.dtype.element_ty), mask=mask)
 
 
