@@ -25,10 +25,13 @@ Chapter: 7.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 
+import pandas as pd
 import torch
 
+import lib.bench.kernel_kinds as kernel_kinds
 from lib import llama, model
 from lib.bench import timing, trace
 from lib.experiments import require
@@ -44,7 +47,7 @@ def sweep(size: str) -> dict:
         return {"config": "8b", "dtype": "bfloat16", "shapes": [[1, 1024], [64, 4096]], "block": 16,
                 "prefill": [1024, 8192], "reps": 5, "target_ms": 20.0, "rounds": 3, "greedy_steps": 64, "seed": 0}
     if size == "smoke":
-        return {"config": "tiny", "dtype": "float32", "shapes": [[2, 12]], "block": 4, "prefill": [16], "reps": 1,
+        return {"config": "tiny", "dtype": "float32", "shapes": [[1, 12], [2, 20]], "block": 4, "prefill": [16], "reps": 1,
                 "target_ms": 0.2, "rounds": 1, "greedy_steps": 4, "seed": 0}
     raise ValueError(f"size must be 'full' or 'smoke', got {size!r}")
 
@@ -161,3 +164,154 @@ def measure(params: dict, device: str, paths: Callable) -> dict:
         del pool, table
     return {"steps": steps, "greedy": greedy, "prefill": prefill,
             "config": {k: getattr(cfg, k) for k in ("vocab", "hidden", "layers", "heads", "kv_heads", "head_dim", "mlp")}}
+
+
+# ---------------------------------------------------------------------------- analysis
+
+PARTS = ("layer weights", "output head", "attention (K/V)", "small operators", "between kernels")
+
+
+def kernel_parts(kernels: list[dict]) -> dict:
+    """A step's profiled kernels ({"name", "us"}, in order) split into the parts of ``PARTS`` (all but the
+    time between kernels): the GEMM kernels at the end of the list are the output head's, the other GEMMs
+    the layers'; the attention kernels; everything else. Returns {part: {"kernels", "us"}}."""
+    tail = len(kernels)
+    while tail and kernel_kinds.kind(kernels[tail - 1]["name"]) == "gemm":
+        tail -= 1
+    out = {p: {"kernels": 0, "us": 0.0} for p in PARTS[:-1]}
+    for i, k in enumerate(kernels):
+        kind = kernel_kinds.kind(k["name"])
+        if kind == "gemm":
+            part = "output head" if i >= tail else "layer weights"
+        else:
+            part = "attention (K/V)" if kind == "attention" else "small operators"
+        out[part]["kernels"] += 1
+        out[part]["us"] += k["us"]
+    return out
+
+
+def step_bytes(cfg, B: int, L: int, b: int = 2) -> dict:
+    """Bytes one decode step must read: the layers' weights and the output head once per step, each
+    request's K and V (L tokens, every layer), and the new tokens' embedding rows."""
+    per_layer = cfg.hidden * cfg.head_dim * (cfg.heads + 2 * cfg.kv_heads) + cfg.heads * cfg.head_dim * cfg.hidden \
+        + 3 * cfg.hidden * cfg.mlp
+    return {"layer weights": b * cfg.layers * per_layer, "output head": b * cfg.vocab * cfg.hidden,
+            "attention (K/V)": b * B * L * cfg.layers * 2 * cfg.kv_heads * cfg.head_dim,
+            "embedding rows": b * B * cfg.hidden}
+
+
+def step_flops(cfg, B: int, L: int) -> float:
+    """FLOPs of one decode step: two per weight per token, and attention over L positions (4 H_q d per
+    position and layer)."""
+    per_layer = cfg.hidden * cfg.head_dim * (cfg.heads + 2 * cfg.kv_heads) + cfg.heads * cfg.head_dim * cfg.hidden \
+        + 3 * cfg.hidden * cfg.mlp
+    return 2 * B * (cfg.layers * per_layer + cfg.vocab * cfg.hidden) + 4 * B * L * cfg.layers * cfg.heads * cfg.head_dim
+
+
+class Analysis:
+    """Chapter 7's tables from the data (``measure``), its params and chapter 0's ceilings ``c``.
+
+    - ``paths``: per shape and path, GPU time and call time (medians over the rounds of each round's
+      median), the spread of the rounds, kernels per step, and the GPU time over the floor;
+    - ``floor``: per shape, the bytes, FLOPs and the floor max(Q/BW, F/P) on chapter 0's read rate and bf16
+      rate;
+    - ``parts``: per shape and path, each part of ``PARTS``: predicted time (bytes over the read rate, at
+      least one launch time per kernel; small operators: one launch time each; nothing between kernels)
+      and measured time (the profiler's kernel times; between kernels: the GPU time minus their sum);
+    - ``prefill``: each prefill's GPU time and its FLOPs' share of the bf16 rate;
+    - ``numbers()``: what the page quotes."""
+
+    def __init__(self, data: dict, params: dict, c: dict):
+        missing = [k for k in ("bf16_tflops", "read_bw_GBps", "launch_graph_us") if k not in c]
+        if missing:
+            raise ValueError(f"chapter 0's ceilings lack {missing}: pass lib.bench.ceilings.load(...)")
+        self.P, self.BW, self.t0 = c["bf16_tflops"] * 1e12, c["read_bw_GBps"] * 1e9, c["launch_graph_us"]
+        self.params, self.cfg = params, llama.CONFIGS[params["config"]]
+        b = 2 if params["dtype"] == "bfloat16" else 4
+        nan = float("nan")
+        rows, floors, parts = [], [], []
+        for s in data["steps"]:
+            B, L = s["B"], s["L"]
+            q = step_bytes(self.cfg, B, L, b)
+            f = step_flops(self.cfg, B, L)
+            floor_us = max(sum(q.values()) / self.BW, f / self.P) * 1e6
+            floors.append({"B": B, "L": L, "bytes (GB)": sum(q.values()) / 1e9, "TFLOPs": f / 1e12,
+                           "read floor (us)": sum(q.values()) / self.BW * 1e6, "compute floor (us)": f / self.P * 1e6,
+                           "floor (us)": floor_us})
+            for name, rounds in s["rounds"].items():
+                gpu = [r["gpu_us"]["median"] for r in rounds]
+                call = [r["call_us"]["median"] for r in rounds]
+                ks = s["kernels"].get(name) or []  # none on a CPU: no profile there
+                gmed = statistics.median(gpu)
+                rows.append({"B": B, "L": L, "path": name, "GPU time (us)": gmed,
+                             "call time (us)": statistics.median(call),
+                             "round spread": (max(gpu) - min(gpu)) / gmed, "kernels": len(ks) if ks else nan,
+                             "GPU time / floor": gmed / floor_us})
+                measured = kernel_parts(ks) if ks else None
+                for part in PARTS:
+                    if part == "between kernels":
+                        pred, n = 0.0, nan
+                        meas = gmed - sum(v["us"] for v in measured.values()) if measured else nan
+                    else:
+                        n = measured[part]["kernels"] if measured else nan
+                        meas = measured[part]["us"] if measured else nan
+                        pred = n * self.t0 if part == "small operators" else max(q[part] / self.BW * 1e6, n * self.t0)
+                    parts.append({"B": B, "L": L, "path": name, "part": part, "kernels": n,
+                                  "predicted (us)": pred, "measured (us)": meas})
+        self.paths = pd.DataFrame(rows)
+        self.floor = pd.DataFrame(floors)
+        self.parts = pd.DataFrame(parts)
+        pre = []
+        for r in data["prefill"]:
+            t = r["timing"]["gpu_us"]["median"]
+            pre.append({"tokens": r["n"], "GPU time (ms)": t / 1e3, "call time (ms)": r["timing"]["call_us"]["median"] / 1e3,
+                        "TFLOP/s": r["flops"] / t / 1e6, "of bf16 rate": r["flops"] / t / 1e6 / c["bf16_tflops"]})
+        self.prefill = pd.DataFrame(pre)
+
+    def time(self, B: int, L: int, path: str, column: str = "GPU time (us)") -> float:
+        p = self.paths
+        return float(p[(p["B"] == B) & (p["L"] == L) & (p["path"] == path)][column].iloc[0])
+
+    def part_errors(self, B: int, L: int, path: str) -> pd.Series:
+        """|measured / predicted - 1| of each part with a prediction (all but the time between kernels)."""
+        t = self.parts[(self.parts["B"] == B) & (self.parts["L"] == L) & (self.parts["path"] == path)
+                       & (self.parts["part"] != "between kernels")].set_index("part")
+        return (t["measured (us)"] / t["predicted (us)"] - 1).abs()
+
+    def numbers(self) -> dict:
+        (B1, L1), (B2, L2) = [tuple(s) for s in self.params["shapes"][:2]]
+        fl = self.floor.set_index(["B", "L"])
+        out = {}
+        for tag, B, L in (("b1", B1, L1), ("b64", B2, L2)):
+            floor = float(fl.loc[(B, L), "floor (us)"])
+            out.update({f"step_floor_{tag}_ms": floor / 1e3,
+                        f"step_fused_{tag}_ms": self.time(B, L, "fused") / 1e3,
+                        f"step_graph_{tag}_ms": self.time(B, L, "unfused") / 1e3,
+                        f"step_compiled_{tag}_ms": self.time(B, L, "compiled") / 1e3,
+                        f"step_eager_{tag}_ms": self.time(B, L, "unfused", "call time (us)") / 1e3,
+                        f"step_over_floor_{tag}": self.time(B, L, "fused") / floor,
+                        f"graph_over_floor_{tag}": self.time(B, L, "unfused") / floor,
+                        f"compiled_over_floor_{tag}": self.time(B, L, "compiled") / floor,
+                        f"fused_vs_compile_{tag}": self.time(B, L, "compiled") / self.time(B, L, "fused"),
+                        f"eager_over_graph_{tag}": self.time(B, L, "unfused", "call time (us)") / self.time(B, L, "unfused"),
+                        f"step_bytes_{tag}_GB": float(fl.loc[(B, L), "bytes (GB)"]),
+                        f"kv_{tag}_GB": step_bytes(self.cfg, B, L)["attention (K/V)"] / 1e9,
+                        f"kernels_unfused_{tag}": self.time(B, L, "unfused", "kernels"),
+                        f"kernels_fused_{tag}": self.time(B, L, "fused", "kernels"),
+                        f"kernels_compiled_{tag}": self.time(B, L, "compiled", "kernels"),
+                        f"step_model_median_abs_err_{tag}": float(self.part_errors(B, L, "fused").median())})
+            pt = self.parts[(self.parts["B"] == B) & (self.parts["L"] == L) & (self.parts["path"] == "fused")].set_index("part")
+            w = float(pt.loc["layer weights", "measured (us)"]) + float(pt.loc["output head", "measured (us)"])
+            out[f"gemm_read_frac_{tag}"] = (step_bytes(self.cfg, B, L)["layer weights"]
+                                            + step_bytes(self.cfg, B, L)["output head"]) / self.BW * 1e6 / w
+            out[f"gemm_{tag}_ms"] = w / 1e3
+            out[f"small_{tag}_us"] = float(pt.loc["small operators", "measured (us)"])
+            out[f"attention_{tag}_us"] = float(pt.loc["attention (K/V)", "measured (us)"])
+            out[f"gaps_{tag}_us"] = float(pt.loc["between kernels", "measured (us)"])
+        out["step_model_median_abs_err"] = max(out["step_model_median_abs_err_b1"], out["step_model_median_abs_err_b64"])
+        pre = self.prefill.set_index("tokens")
+        out["prefill_8k_frac_of_bf16"] = float(pre["of bf16 rate"].iloc[-1])
+        out["prefill_1k_frac_of_bf16"] = float(pre["of bf16 rate"].iloc[0])
+        out["prefill_8k_ms"] = float(pre["GPU time (ms)"].iloc[-1])
+        out["prefill_1k_ms"] = float(pre["GPU time (ms)"].iloc[0])
+        return out

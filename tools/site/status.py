@@ -63,6 +63,12 @@ HEADLINES = [
      "step-cost model: median |model / measured - 1| over the measured prefill and decode steps", "-"),
     ("06-batching", "incident_ttft_p95_ratio",
      "incident, simulated on the measured step costs: chat requests' TTFT P95 after the change / before", "x"),
+    ("07-decode-step", "step_fused_b1_ms",
+     "decode step of Llama-3-8B's shapes, batch 1, 1024-token context, fused kernels in a CUDA graph: GPU time", "ms"),
+    ("07-decode-step", "step_over_floor_b1",
+     "that step's GPU time / its floor (weights and K/V bytes over chapter 0's read rate)", "x"),
+    ("07-decode-step", "step_over_floor_b64",
+     "decode step of Llama-3-8B's shapes, batch 64, 4096-token contexts, fused, in a CUDA graph: GPU time / floor", "x"),
 ]
 
 
