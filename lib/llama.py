@@ -11,7 +11,8 @@ the paged pool, chapter 3's decode attention, the O GEMM with the residual, RMSN
 GEMM, SiLU, the product, the down GEMM with the residual; then the final norm and the output head.
 
 - ``FusedStep``: the same step with ``lib.kernels.fused``: the residual add moved into the next RMSNorm
-  (one kernel), RoPE and the K/V write in one kernel, SiLU and the product in one; the GEMMs stay cuBLAS's.
+  (one kernel), RoPE and the K/V write in one kernel, SiLU and the product in one; the products go through
+  ``lib.kernels.skinny_gemm`` where it beats cuBLAS (every product at batch 1).
 - ``CompiledStep``: the same step with the parts around the attention kernel compiled by ``torch.compile``
   (Inductor fuses the small operators itself); the book's attention kernel runs between them.
 
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 
 from lib import model
 from lib.kernels import decode_attention as da
-from lib.kernels import fused
+from lib.kernels import fused, skinny_gemm
 
 LLAMA3_8B = model.Config(vocab=128256, hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, mlp=14336,
                          rope_theta=500000.0)
@@ -63,6 +64,13 @@ def random_model(cfg: model.Config, *, seed: int = 0, dtype: torch.dtype = torch
     return m
 
 
+def _mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w through the book's skinny GEMM where it beats cuBLAS (``skinny_gemm.use_for``), else cuBLAS."""
+    if skinny_gemm.use_for(x.shape[0], w.shape[1], w.shape[0]):
+        return skinny_gemm.skinny_mm(x, w)
+    return x @ w
+
+
 def _plan(plans: dict, q, kc, vc, table, lens) -> da.DecodeAttention:
     """The attention launch planned for these shapes (planned once per shape, reused by every layer)."""
     key = (tuple(q.shape), tuple(kc.shape), tuple(table.shape), q.dtype, q.device)
@@ -72,10 +80,10 @@ def _plan(plans: dict, q, kc, vc, table, lens) -> da.DecodeAttention:
 
 
 class FusedStep:
-    """One decode step of ``m`` with the fused kernels of ``lib.kernels.fused``; called as ``m.decode`` is,
-    with ``(tokens, pool, table, lens)``, it returns the logits [B, vocab]. Per layer: norm (with the
-    residual add), QKV GEMM, RoPE + K/V write, attention, O GEMM, norm (with the residual add), gate-up GEMM,
-    SiLU x up, down GEMM."""
+    """One decode step of ``m`` with the fused kernels of ``lib.kernels.fused`` and the skinny GEMM; called as
+    ``m.decode`` is, with ``(tokens, pool, table, lens)``, it returns the logits [B, vocab]. Per layer: norm
+    (with the residual add), QKV GEMM, RoPE + K/V write, attention, O GEMM, norm (with the residual add),
+    gate-up GEMM, SiLU x up, down GEMM."""
 
     def __init__(self, m: model.TinyLlama):
         self.m = m
@@ -89,12 +97,12 @@ class FusedStep:
         res = None  # the residual stream, updated by each norm
         for li, L in enumerate(m.layers):
             h, res = fused.rmsnorm(x, L["attn_norm"], c.eps, residual=res)
-            q = fused.rope_write(h @ L["wqkv"], pos, self.inv_freq, pool.k[li], pool.v[li], table, c.heads)
+            q = fused.rope_write(_mm(h, L["wqkv"]), pos, self.inv_freq, pool.k[li], pool.v[li], table, c.heads)
             o = _plan(self.plans, q, pool.k[li], pool.v[li], table, lens)(q, pool.k[li], pool.v[li], table, lens)
-            h, res = fused.rmsnorm(o.reshape(len(tokens), -1) @ L["wo"], L["mlp_norm"], c.eps, residual=res)
-            x = fused.silu_mul(h @ L["wgu"]) @ L["wd"]
+            h, res = fused.rmsnorm(_mm(o.reshape(len(tokens), -1), L["wo"]), L["mlp_norm"], c.eps, residual=res)
+            x = _mm(fused.silu_mul(_mm(h, L["wgu"])), L["wd"])
         h, _ = fused.rmsnorm(x, m.norm, c.eps, residual=res)
-        return h @ m.head
+        return _mm(h, m.head)
 
 
 def _before_attention(x, norm_w, wqkv, cos, sin, k_rows, v_rows, rows, heads: int, kv_heads: int, head_dim: int,

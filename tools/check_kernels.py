@@ -24,7 +24,8 @@ constants, integers divisible by 16 marked so), deduplicated, and compiled throu
 - Chapter 4 (``grouped_gemm``): its MoE shapes (E, K, N) and token counts T in bf16; the TMA and the
   pointer kernels, whole and half-height last tiles.
 - Chapter 3's read-only kernels (``stream``) at the launches its run takes, and with every load hint.
-- Chapter 7 (``fused``): residual add + RMSNorm, RoPE + the K/V write and SiLU x up at Llama-3-8B's shapes.
+- Chapter 7 (``fused``): residual add + RMSNorm, RoPE + the K/V write, SiLU x up and the skinny GEMM at
+  Llama-3-8B's shapes.
 - ``tuning``: a few launches of the tuning sweeps' variant kernels (``tools/tuning``).
 
 A kernel the frontend or ptxas rejects is reported with its name and configuration; the exit status is 1
@@ -296,7 +297,7 @@ def _fused_calls(rec: Recorder) -> None:
     Llama-3-8B's configuration: residual add + RMSNorm, RoPE + the K/V write, SiLU x up."""
     from lib import llama
     from lib.experiments import decode_step
-    from lib.kernels import fused
+    from lib.kernels import fused, skinny_gemm
 
     p = decode_step.sweep("full")
     c, dtype = llama.CONFIGS[p["config"]], getattr(torch, p["dtype"])
@@ -310,6 +311,10 @@ def _fused_calls(rec: Recorder) -> None:
         fused.rope_write(_meta(B, (c.heads + 2 * c.kv_heads) * c.head_dim, dtype=dtype), _meta(B, dtype=torch.int64),
                          _meta(c.head_dim // 2, dtype=torch.float32), kc, kc, _meta(B, pages, dtype=torch.int32), c.heads)
         fused.silu_mul(_meta(B, 2 * c.mlp, dtype=dtype))
+        for K, N in ((c.hidden, (c.heads + 2 * c.kv_heads) * c.head_dim), (c.heads * c.head_dim, c.hidden),
+                     (c.hidden, 2 * c.mlp), (c.mlp, c.hidden), (c.hidden, c.vocab)):
+            rec.label = f"chapter 7: skinny GEMM M={B} K={K} N={N}"
+            skinny_gemm.skinny_mm(_meta(B, K, dtype=dtype), _meta(K, N, dtype=dtype), out=_meta(B, N, dtype=dtype))
 
 
 CALLS = {"decode_attention": _decode_calls, "grouped_gemm": _grouped_calls, "stream": _stream_calls,

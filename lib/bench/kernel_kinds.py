@@ -1,12 +1,13 @@
 """What a GPU kernel is, from its name as the profiler lists it: a GEMM (cuBLAS's nvjet, gemv and split-K
-reduction kernels, CUTLASS), one of the book's attention kernels, or something else.
+reduction kernels, CUTLASS, the book's skinny GEMM and its sum of splits), one of the book's attention
+kernels, or something else.
 
 Chapter: 7.
 """
 
 from __future__ import annotations
 
-GEMM_WORDS = ("nvjet", "gemm", "gemv", "splitkreduce", "cutlass", "xmma")
+GEMM_WORDS = ("nvjet", "gemm", "gemv", "splitkreduce", "cutlass", "xmma", "_skinny_kernel", "_sum_splits_kernel")
 ATTENTION_WORDS = ("_decode_kernel", "_combine_kernel")
 
 

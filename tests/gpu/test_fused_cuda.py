@@ -47,3 +47,15 @@ def test_steps_match_the_unfused_step_in_a_cuda_graph(B, L):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.allclose(captured.float(), eager, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("M,K,N", [(1, 4096, 6144), (1, 14336, 4096), (64, 4096, 28672), (7, 4096, 1000)])
+def test_skinny_gemm_in_bf16(M, K, N):
+    from lib.kernels import skinny_gemm
+
+    g = torch.Generator(device="cuda").manual_seed(M + N)
+    x = torch.randn(M, K, device="cuda", generator=g, dtype=torch.bfloat16)
+    w = torch.randn(K, N, device="cuda", generator=g, dtype=torch.bfloat16)
+    ref = x.float() @ w.float()
+    y = skinny_gemm.skinny_mm(x, w)
+    assert float((y.float() - ref).norm() / ref.norm()) < 1e-2

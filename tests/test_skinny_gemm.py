@@ -1,0 +1,57 @@
+"""The decode step's skinny GEMM (lib.kernels.skinny_gemm) in Triton's interpreter, against torch.mm in
+float64: every split of K, tails in N and K, one row and many."""
+
+import pytest
+import torch
+
+from lib.kernels import skinny_gemm as sk
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("M,K,N,splits,block_n,block_k", [
+    (1, 256, 200, 1, 64, 64),    # N not a multiple of the tile
+    (1, 256, 128, 2, 64, 64),
+    (3, 512, 96, 4, 64, 64),
+    (17, 100, 64, 1, 64, 64),    # 17 rows: the 64-row tile; K not a multiple of the tile
+    (64, 256, 130, 2, 64, 64),
+])
+def test_matches_float64(dtype, M, K, N, splits, block_n, block_k):
+    g = torch.Generator().manual_seed(M * 1000 + K)
+    x, w = torch.randn(M, K, generator=g).to(dtype), torch.randn(K, N, generator=g).to(dtype)
+    y = sk.skinny_mm(x, w, splits=splits, block_n=block_n, block_k=block_k)
+    ref = x.double() @ w.double()
+    assert y.dtype == dtype and y.shape == (M, N)
+    err = float((y.double() - ref).norm() / ref.norm())
+    assert err < (1e-5 if dtype == torch.float32 else 2e-3)
+
+
+def test_hand_worked():
+    # x = [1, 2], w = [[1, 0, 3], [0, 1, 4]]: y = [1, 2, 11]
+    y = sk.skinny_mm(torch.tensor([[1.0, 2.0]]), torch.tensor([[1.0, 0.0, 3.0], [0.0, 1.0, 4.0]]))
+    assert y.tolist() == [[1.0, 2.0, 11.0]]
+
+
+def test_choose_config_by_hand():
+    # N = 4096 in columns of 64: 64 programs; splits double while under 1.5 x 132 = 198 programs and each slice
+    # keeps four tiles of 64: 2 (128 programs), 4 (256)
+    c = sk.choose_config(1, 4096, 4096, 132)
+    assert (c["block_m"], c["block_n"], c["block_k"], c["splits"]) == (16, 64, 64, 4)
+    assert sk.choose_config(1, 6144, 4096, 132)["splits"] == 4  # 96 -> 192 -> 384 programs
+    assert sk.choose_config(1, 28672, 4096, 132)["splits"] == 1  # 224 column blocks of 128: no split
+    assert sk.choose_config(64, 128256, 4096, 132)["block_m"] == 64
+    assert sk.choose_config(1, 64, 512, 132)["splits"] == 2  # slices of 256 rows: no further
+
+
+def test_use_for():
+    assert sk.use_for(1, 4096, 4096) and sk.use_for(16, 6144, 4096)
+    assert not sk.use_for(64, 4096, 4096) and sk.use_for(64, 28672, 4096) and sk.use_for(64, 4096, 14336)
+    assert not sk.use_for(65, 128256, 4096)
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="rows"):
+        sk.skinny_mm(torch.zeros(65, 8), torch.zeros(8, 4))
+    with pytest.raises(ValueError, match="share K"):
+        sk.skinny_mm(torch.zeros(2, 8), torch.zeros(9, 4))
+    with pytest.raises(ValueError, match="whole tiles"):
+        sk.skinny_mm(torch.zeros(1, 192), torch.zeros(192, 4), splits=2, block_k=64)
