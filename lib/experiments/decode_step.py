@@ -315,3 +315,35 @@ class Analysis:
         out["prefill_8k_ms"] = float(pre["GPU time (ms)"].iloc[-1])
         out["prefill_1k_ms"] = float(pre["GPU time (ms)"].iloc[0])
         return out
+
+
+FUSIONS = ("RMSNorm and residual add", "RoPE and the K/V write", "SwiGLU", "copies", "other")
+
+
+def fusion_groups(kernels: list[dict]) -> dict:
+    """A step's small operators (neither GEMM nor attention) grouped by the fusion that replaces them:
+    {group: {"kernels", "us"}} over ``FUSIONS``. By name: the norms (PyTorch's layer-norm kernel, the fused
+    ``_rmsnorm_kernel``); SwiGLU (SiLU, the product launched right after it, the fused ``_silu_mul_kernel``);
+    device-to-device copies; RoPE and the K/V write (the fused ``_rope_write_kernel``, and PyTorch's
+    elementwise, concatenation and index-copy kernels); anything else (the embedding's gather)."""
+    out = {g: {"kernels": 0, "us": 0.0} for g in FUSIONS}
+    after_silu = False
+    for k in kernels:
+        name = k["name"]
+        if kernel_kinds.kind(name) != "other":
+            after_silu = False
+            continue
+        if "layer_norm" in name or "_rmsnorm_kernel" in name:
+            group = "RMSNorm and residual add"
+        elif "silu" in name or (after_silu and "Mul" in name):
+            group = "SwiGLU"
+        elif "Memcpy" in name:
+            group = "copies"
+        elif any(w in name for w in ("_rope_write_kernel", "elementwise", "Cat", "index_copy", "CUDAFunctor_add")):
+            group = "RoPE and the K/V write"
+        else:
+            group = "other"
+        after_silu = "silu" in name and "_silu_mul" not in name
+        out[group]["kernels"] += 1
+        out[group]["us"] += k["us"]
+    return out
