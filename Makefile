@@ -81,9 +81,8 @@ test: $(ENV) $(CHROMIUM)
 	$(MAKE) check-html
 
 check-kernels: $(ENV) $(TRITON_NEXT_DIR)/.installed
-	# the two Triton releases compile side by side (each compile runs on one core)
-	$(PYTHON) tools/check_kernels.py $(KERNELS) & pid=$$!; \
-	  PYTHONPATH=$(TRITON_NEXT_DIR) $(PYTHON) tools/check_kernels.py $(KERNELS); rc=$$?; wait $$pid && exit $$rc
+	$(PYTHON) tools/check_kernels.py $(KERNELS)
+	PYTHONPATH=$(TRITON_NEXT_DIR) $(PYTHON) tools/check_kernels.py $(KERNELS)
 
 $(TRITON_NEXT_DIR)/.installed:
 	$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps --target $(TRITON_NEXT_DIR) triton==$(TRITON_NEXT)
