@@ -91,6 +91,17 @@ class FusedStep:
         self.plans = {}  # one attention launch plan per shape
 
     def __call__(self, tokens, pool, table, lens):
+        return _mm(self._final_hidden(tokens, pool, table, lens), self.m.head)
+
+    def greedy(self, tokens, pool, table, lens):
+        """The step with greedy sampling fused into the output head: each request's next token [B] int64, the
+        logits never written (``skinny_gemm.skinny_argmax``); the same tokens as ``self(...).argmax(-1)``."""
+        h = self._final_hidden(tokens, pool, table, lens)
+        if h.shape[0] > skinny_gemm.MAX_M:
+            return _mm(h, self.m.head).argmax(-1)
+        return skinny_gemm.skinny_argmax(h, self.m.head)
+
+    def _final_hidden(self, tokens, pool, table, lens):
         m, c = self.m, self.m.cfg
         pos = lens.long() - 1
         x = F.embedding(tokens, m.embed)
@@ -102,7 +113,7 @@ class FusedStep:
             h, res = fused.rmsnorm(_mm(o.reshape(len(tokens), -1), L["wo"]), L["mlp_norm"], c.eps, residual=res)
             x = _mm(fused.silu_mul(_mm(h, L["wgu"])), L["wd"])
         h, _ = fused.rmsnorm(x, m.norm, c.eps, residual=res)
-        return _mm(h, m.head)
+        return h
 
 
 def _before_attention(x, norm_w, wqkv, cos, sin, k_rows, v_rows, rows, heads: int, kv_heads: int, head_dim: int,

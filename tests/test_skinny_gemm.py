@@ -55,3 +55,21 @@ def test_bad_inputs():
         sk.skinny_mm(torch.zeros(2, 8), torch.zeros(9, 4))
     with pytest.raises(ValueError, match="whole tiles"):
         sk.skinny_mm(torch.zeros(1, 192), torch.zeros(192, 4), splits=2, block_k=64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("M,K,N", [(1, 64, 300), (5, 100, 1000), (20, 64, 129)])
+def test_skinny_argmax_matches_argmax_of_the_product(dtype, M, K, N):
+    g = torch.Generator().manual_seed(M + N)
+    x, w = torch.randn(M, K, generator=g).to(dtype), torch.randn(K, N, generator=g).to(dtype)
+    logits = sk.skinny_mm(x, w)  # the same products, rounded to the dtype
+    assert torch.equal(sk.skinny_argmax(x, w), logits.argmax(-1))
+
+
+def test_skinny_argmax_takes_the_first_of_a_tie():
+    # columns 1 and 3 tie at the largest value (in two blocks of 2): the first wins, as with torch.argmax
+    x = torch.ones(1, 2)
+    w = torch.tensor([[0.0, 2.0, 1.0, 2.0], [0.0, 1.0, 0.0, 1.0]])
+    assert sk.skinny_argmax(x, w, block_n=2).tolist() == [1]
+    with pytest.raises(ValueError, match="need x"):
+        sk.skinny_argmax(torch.zeros(65, 2), w)

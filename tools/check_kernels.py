@@ -315,6 +315,8 @@ def _fused_calls(rec: Recorder) -> None:
                      (c.hidden, 2 * c.mlp), (c.mlp, c.hidden), (c.hidden, c.vocab)):
             rec.label = f"chapter 7: skinny GEMM M={B} K={K} N={N}"
             skinny_gemm.skinny_mm(_meta(B, K, dtype=dtype), _meta(K, N, dtype=dtype), out=_meta(B, N, dtype=dtype))
+        rec.label = f"chapter 7: the head with greedy sampling, M={B}"
+        skinny_gemm.skinny_argmax(_meta(B, c.hidden, dtype=dtype), _meta(c.hidden, c.vocab, dtype=dtype))
 
 
 CALLS = {"decode_attention": _decode_calls, "grouped_gemm": _grouped_calls, "stream": _stream_calls,

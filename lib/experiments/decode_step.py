@@ -13,7 +13,9 @@ holds them). ``paths(m, device)`` gives the notebook's ways of running one step 
    ``lib.model.LOGITS_TOLERANCE`` raises (a wrong path is never timed);
 2. every path is timed with ``lib.bench.timing.bench`` (GPU time by CUDA-graph replay, call time eager)
    in ``rounds`` interleaved rounds, the order reversed every other round;
-3. every path's kernels are listed with their device times (``lib.bench.trace.kernel_times``).
+3. every path is timed again with greedy sampling (its own fused sampling, ``greedy``, where it has one,
+   else the argmax of its logits), after checking that it picks the argmax of its logits;
+4. every path's kernels are listed with their device times (``lib.bench.trace.kernel_times``).
 
 At the first shape, ``greedy_steps`` steps are also run teacher-forced (every path gets the first path's
 token as input) to compare greedy tokens: at each step both argmaxes and the first path's top-2 gap.
@@ -145,9 +147,22 @@ def measure(params: dict, device: str, paths: Callable) -> dict:
                                  reps=p["reps"],
                                  warmup=WARMUP[device], target_ms=p["target_ms"])
                 rounds[n].append(t.to_dict())
+        # each path with greedy sampling: its own fused sampling where it has one (``greedy``), else an argmax
+        samplers = {n: getattr(fns[n], "greedy", None) or (lambda *a, f=fns[n]: f(*a).argmax(-1)) for n in names}
+        for n, sample in samplers.items():
+            if not torch.equal(sample(tokens, pool, table, lens), fns[n](tokens, pool, table, lens).argmax(-1)):
+                raise AssertionError(f"path {n!r}, B={B} L={L}: its greedy sampling picks other tokens than the argmax "
+                                     "of its logits")
+        greedy_rounds = {n: [] for n in names}
+        for r in range(p["rounds"]):
+            for n in (names if r % 2 == 0 else names[::-1]):
+                t = timing.bench([lambda f=samplers[n], tk=tokens, pl=pool, tb=table, ln=lens: f(tk, pl, tb, ln)],
+                                 device=device, reps=p["reps"], warmup=WARMUP[device], target_ms=p["target_ms"])
+                greedy_rounds[n].append(t.to_dict())
         kernels = {n: trace.kernel_times(lambda n=n, tk=tokens, pl=pool, tb=table, ln=lens: fns[n](tk, pl, tb, ln), device)
                    for n in names}
-        steps.append({"B": B, "L": L, "checks": checks, "rounds": rounds, "kernels": kernels})
+        steps.append({"B": B, "L": L, "checks": checks, "rounds": rounds, "greedy_rounds": greedy_rounds,
+                      "kernels": kernels})
         print(f"B={B} L={L} done", flush=True)
         del pool, table
         if device == "cuda":

@@ -62,6 +62,41 @@ def _sum_splits_kernel(P, Y, MN, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(Y + offs, acc.to(Y.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _skinny_argmax_kernel(X, W, VAL, IDX, M, N, K, stride_xm, stride_wk, BLOCKS,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The products of one block of columns, as ``_skinny_kernel`` computes them (whole K), rounded to w's
+    dtype as stored logits are; then, per row, their largest value and its column (the first on a tie)."""
+    pid_n = tl.program_id(0)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mmask = rm < M
+    nmask = rn < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        rk = k + tl.arange(0, BLOCK_K)
+        kmask = rk < K
+        x = tl.load(X + rm[:, None] * stride_xm + rk[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
+        w = tl.load(W + rk[:, None] * stride_wk + rn[None, :], mask=kmask[:, None] & nmask[None, :], other=0.0)
+        acc += tl.dot(x, w)
+    acc = acc.to(W.dtype.element_ty).to(tl.float32)
+    acc = tl.where(nmask[None, :], acc, float("-inf"))
+    best, at = tl.max(acc, axis=1, return_indices=True, return_indices_tie_break_left=True)
+    tl.store(VAL + rm * BLOCKS + pid_n, best, mask=mmask)
+    tl.store(IDX + rm * BLOCKS + pid_n, pid_n * BLOCK_N + at, mask=mmask)
+
+
+@triton.jit
+def _argmax_blocks_kernel(VAL, IDX, OUT, BLOCKS, BLOCK: tl.constexpr):
+    """Per row, the largest of the blocks' maxima and its column (the first block on a tie)."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < BLOCKS
+    v = tl.load(VAL + row * BLOCKS + offs, mask=mask, other=float("-inf"))
+    _, at = tl.max(v, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    tl.store(OUT + row, tl.load(IDX + row * BLOCKS + at))
+
+
 def choose_config(M: int, N: int, K: int, sms: int) -> dict:
     """The launch for x [M, K] @ w [K, N] on a GPU of ``sms`` SMs: tiles of 64 rows of w (``block_k``),
     columns in blocks of 128 for wide matrices (N >= 16384) and of 64 otherwise, and the fewest splits of K
@@ -122,4 +157,28 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = No
                          num_stages=num_stages or cfg["num_stages"])
     if splits > 1:
         _sum_splits_kernel[(triton.cdiv(M * N, 1024),)](part, out, M * N, SPLITS=splits, BLOCK=1024)
+    return out
+
+
+def skinny_argmax(x: torch.Tensor, w: torch.Tensor, *, block_n: int = 128, block_k: int = 64) -> torch.Tensor:
+    """Greedy sampling fused into the output head: the column of the largest value of each row of x @ w
+    ([M] int64), the products rounded to w's dtype first, as logits stored in it would be, and the first
+    column on a tie, as ``torch.argmax`` picks. The logits are never written: each block of columns keeps
+    its rows' maxima, and a second small kernel picks among the blocks. x [M, K] with M <= 64, w [K, N]."""
+    for name, t in (("x", x), ("w", w)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.dtype not in DTYPES or t.stride(1) != 1:
+            raise ValueError(f"{name} must be a 2-D fp16, bf16 or fp32 tensor, contiguous in its last dimension")
+    M, K = x.shape
+    if w.shape[0] != K or w.dtype != x.dtype or w.device != x.device or not 1 <= M <= MAX_M:
+        raise ValueError(f"need x [M <= {MAX_M}, K] and w [K, N] of one dtype and device, got {tuple(x.shape)} and "
+                         f"{tuple(w.shape)}")
+    N = w.shape[1]
+    blocks = triton.cdiv(N, block_n)
+    val = torch.empty(M, blocks, device=x.device, dtype=torch.float32)
+    idx = torch.empty(M, blocks, device=x.device, dtype=torch.int64)
+    out = torch.empty(M, device=x.device, dtype=torch.int64)
+    _skinny_argmax_kernel[(blocks,)](x, w, val, idx, M, N, K, x.stride(0), w.stride(0), blocks,
+                                     BLOCK_M=16 if M <= 16 else 64, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4,
+                                     num_stages=4)
+    _argmax_blocks_kernel[(M,)](val, idx, out, blocks, BLOCK=triton.next_power_of_2(blocks))
     return out

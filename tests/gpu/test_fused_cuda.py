@@ -47,6 +47,8 @@ def test_steps_match_the_unfused_step_in_a_cuda_graph(B, L):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.allclose(captured.float(), eager, atol=1e-2, rtol=1e-2)
+        if isinstance(step, llama.FusedStep):  # greedy sampling fused into the head picks the argmax of the logits
+            assert torch.equal(step.greedy(tokens, pool, table, lens), step(tokens, pool, table, lens).argmax(-1))
 
 
 @pytest.mark.parametrize("M,K,N", [(1, 4096, 6144), (1, 14336, 4096), (64, 4096, 28672), (7, 4096, 1000)])
@@ -59,3 +61,12 @@ def test_skinny_gemm_in_bf16(M, K, N):
     ref = x.float() @ w.float()
     y = skinny_gemm.skinny_mm(x, w)
     assert float((y.float() - ref).norm() / ref.norm()) < 1e-2
+
+
+def test_skinny_argmax_at_the_vocabulary_in_bf16():
+    from lib.kernels import skinny_gemm
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(4, 4096, device="cuda", generator=g, dtype=torch.bfloat16)
+    w = torch.randn(4096, 128256, device="cuda", generator=g, dtype=torch.bfloat16) * 0.02
+    assert torch.equal(skinny_gemm.skinny_argmax(x, w), skinny_gemm.skinny_mm(x, w).argmax(-1))
