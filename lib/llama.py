@@ -12,7 +12,8 @@ GEMM, SiLU, the product, the down GEMM with the residual; then the final norm an
 
 - ``FusedStep``: the same step with ``lib.kernels.fused``: the residual add moved into the next RMSNorm
   (one kernel), RoPE and the K/V write in one kernel, SiLU and the product in one; the products go through
-  ``lib.kernels.skinny_gemm`` where it beats cuBLAS (every product at batch 1).
+  ``lib.kernels.skinny_gemm`` where it beats cuBLAS (every product at batch 1); greedy sampling fused into
+  the output head (``greedy``) and top-p sampling without a sort (``sample``).
 - ``CompiledStep``: the same step with the parts around the attention kernel compiled by ``torch.compile``
   (Inductor fuses the small operators itself); the book's attention kernel runs between them.
 
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 
 from lib import model
 from lib.kernels import decode_attention as da
-from lib.kernels import fused, skinny_gemm
+from lib.kernels import fused, sampling, skinny_gemm
 
 LLAMA3_8B = model.Config(vocab=128256, hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, mlp=14336,
                          rope_theta=500000.0)
@@ -100,6 +101,12 @@ class FusedStep:
         if h.shape[0] > skinny_gemm.MAX_M:
             return _mm(h, self.m.head).argmax(-1)
         return skinny_gemm.skinny_argmax(h, self.m.head)
+
+    def sample(self, tokens, pool, table, lens, top_p, temperature, seed):
+        """The step with top-p sampling (``sampling.top_p_sample``, no sort): each request's next token [B]
+        int64, drawn from softmax(logits / temperature) over its top-p set; ``top_p`` and ``temperature`` are
+        floats or tensors [B], ``seed`` an int64 tensor [1] on the device (read at each call or graph replay)."""
+        return sampling.top_p_sample(self(tokens, pool, table, lens), top_p, temperature, seed=seed)
 
     def _final_hidden(self, tokens, pool, table, lens):
         m, c = self.m, self.m.cfg

@@ -294,10 +294,11 @@ def _tuning_calls(rec: Recorder) -> None:
 
 def _fused_calls(rec: Recorder) -> None:
     """Chapter 7's fused kernels at the shapes of its full run (``lib.experiments.decode_step.sweep``) on
-    Llama-3-8B's configuration: residual add + RMSNorm, RoPE + the K/V write, SiLU x up."""
+    Llama-3-8B's configuration: residual add + RMSNorm, RoPE + the K/V write, SiLU x up, the skinny GEMM,
+    greedy and top-p sampling."""
     from lib import llama
     from lib.experiments import decode_step
-    from lib.kernels import fused, skinny_gemm
+    from lib.kernels import fused, sampling, skinny_gemm
 
     p = decode_step.sweep("full")
     c, dtype = llama.CONFIGS[p["config"]], getattr(torch, p["dtype"])
@@ -317,6 +318,10 @@ def _fused_calls(rec: Recorder) -> None:
             skinny_gemm.skinny_mm(_meta(B, K, dtype=dtype), _meta(K, N, dtype=dtype), out=_meta(B, N, dtype=dtype))
         rec.label = f"chapter 7: the head with greedy sampling, M={B}"
         skinny_gemm.skinny_argmax(_meta(B, c.hidden, dtype=dtype), _meta(c.hidden, c.vocab, dtype=dtype))
+        rec.label = f"chapter 7: top-p sampling, M={B}"
+        sampling.top_p_sample(_meta(B, c.vocab, dtype=dtype), _meta(B, dtype=torch.float32), _meta(B, dtype=torch.float32),
+                              seed=_meta(1, dtype=torch.int64))
+        sampling.top_p_sample(_meta(B, c.vocab, dtype=dtype), 0.9, 0.8, uniform=_meta(B, c.vocab, dtype=torch.float32))
 
 
 CALLS = {"decode_attention": _decode_calls, "grouped_gemm": _grouped_calls, "stream": _stream_calls,

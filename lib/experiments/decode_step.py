@@ -15,11 +15,15 @@ holds them). ``paths(m, device)`` gives the notebook's ways of running one step 
    in ``rounds`` interleaved rounds, the order reversed every other round;
 3. every path is timed again with greedy sampling (its own fused sampling, ``greedy``, where it has one,
    else the argmax of its logits), after checking that it picks the argmax of its logits;
-4. every path's kernels are listed with their device times (``lib.bench.trace.kernel_times``).
+4. and with top-p sampling (``top_p``, ``temperature``): its own (``sample``, ``lib.kernels.sampling``'s
+   search without a sort) where it has one, else the sorting path engines write in PyTorch
+   (``sampling.top_p_torch``), after checking the kernels against the float64 oracle on the same uniforms
+   (``top_p_draws`` draws per request) and that every path draws inside the kept set;
+5. every path's kernels are listed with their device times (``lib.bench.trace.kernel_times``).
 
-At the first shape, ``greedy_steps`` steps are also run teacher-forced (every path gets the first path's
-token as input) to compare greedy tokens: at each step both argmaxes and the first path's top-2 gap.
-Then a prefill of each length of ``params["prefill"]`` at batch 1 (the whole prompt, the last token's
+At the first shape, every path also generates ``greedy_steps`` tokens greedily, free-running, on an output
+head made to give a clear argmax (``_successor_greedy``: each token's successor under a random permutation
+of the vocabulary leads), to compare the paths' tokens. Then a prefill of each length of ``params["prefill"]`` at batch 1 (the whole prompt, the last token's
 logits) is timed the same way.
 
 Chapter: 7.
@@ -37,8 +41,10 @@ import lib.bench.kernel_kinds as kernel_kinds
 from lib import llama, model
 from lib.bench import timing, trace
 from lib.experiments import require
+from lib.kernels import sampling
 
-PARAMS = ("config", "dtype", "shapes", "block", "prefill", "reps", "target_ms", "rounds", "greedy_steps", "seed")
+PARAMS = ("config", "dtype", "shapes", "block", "prefill", "reps", "target_ms", "rounds", "greedy_steps", "top_p",
+          "temperature", "top_p_draws", "seed")
 WARMUP = {"cuda": 3, "cpu": 1}
 
 
@@ -47,10 +53,11 @@ def sweep(size: str) -> dict:
     tiny configuration in float32, seconds on a CPU."""
     if size == "full":
         return {"config": "8b", "dtype": "bfloat16", "shapes": [[1, 1024], [64, 4096]], "block": 16,
-                "prefill": [1024, 8192], "reps": 5, "target_ms": 20.0, "rounds": 3, "greedy_steps": 64, "seed": 0}
+                "prefill": [1024, 8192], "reps": 5, "target_ms": 20.0, "rounds": 3, "greedy_steps": 64, "top_p": 0.9,
+                "temperature": 0.8, "top_p_draws": 8, "seed": 0}
     if size == "smoke":
         return {"config": "tiny", "dtype": "float32", "shapes": [[1, 12], [2, 20]], "block": 4, "prefill": [16], "reps": 1,
-                "target_ms": 0.2, "rounds": 1, "greedy_steps": 4, "seed": 0}
+                "target_ms": 0.2, "rounds": 1, "greedy_steps": 4, "top_p": 0.9, "temperature": 0.8, "top_p_draws": 2, "seed": 0}
     raise ValueError(f"size must be 'full' or 'smoke', got {size!r}")
 
 
@@ -93,19 +100,54 @@ def _float32_reference(m, pool, tokens, table, lens) -> torch.Tensor:
     return out
 
 
-def _greedy(m, fns: dict, pool, tokens, table, lens, steps: int) -> list[dict]:
-    """Teacher-forced greedy steps: each path gets the first path's previous token; per step, each path's
-    argmax and the first path's gap between its two largest logits."""
-    names = list(fns)
-    rows, tok, lens = [], tokens.clone(), lens.clone()
-    for s in range(steps):
-        out = {n: fns[n](tok, pool, table, lens).float() for n in names}
-        top2 = out[names[0]].topk(2, dim=-1).values
-        rows.append({"step": s, "gap": float((top2[:, 0] - top2[:, 1]).min()),
-                     **{f"argmax {n}": out[n].argmax(-1).tolist() for n in names}})
-        tok = out[names[0]].argmax(-1)
-        lens = lens + 1
+def _successor_greedy(m, logits_fn, samplers: dict, pool, tokens, table, lens, steps: int, gen) -> list[dict]:
+    """Free-running greedy steps on weights that give a clear argmax: the output head's column perm[t] set to
+    token t's embedding times 0.02 (the head's own scale), for a random permutation perm of the vocabulary,
+    so that the step's output, which still carries the input token's embedding, points at its successor
+    perm[t]. Every path generates ``steps`` tokens from the same start (each rewrites the same K/V slots
+    with its own); per step each path's tokens, the reference's lead (largest logit minus the second, over
+    the largest, smallest over the batch) and the share of its tokens that are the previous one's successor."""
+    head, vocab = m.head, m.cfg.vocab
+    perm = torch.randperm(vocab, generator=gen, device=gen.device)
+    m.head = torch.empty_like(head)
+    m.head[:, perm] = m.embed.T * 0.02
+    try:
+        rows = [{"step": s} for s in range(steps)]
+        tok, ln = tokens.clone(), lens.clone()
+        for s in range(steps):
+            out = logits_fn(tok, pool, table, ln).float()
+            top2 = out.topk(2, dim=-1).values
+            nxt = out.argmax(-1)
+            rows[s].update({"lead": float(((top2[:, 0] - top2[:, 1]) / top2[:, 0].abs()).min()),
+                            "successor": float((nxt == perm[tok]).float().mean())})
+            tok, ln = nxt, ln + 1
+        for n, f in samplers.items():
+            tok, ln = tokens.clone(), lens.clone()
+            for s in range(steps):
+                tok, ln = f(tok, pool, table, ln), ln + 1
+                rows[s][f"tokens {n}"] = tok.tolist()
+    finally:
+        m.head = head
     return rows
+
+
+def _top_p_checks(fns: dict, samplers: dict, args, top_p, temperature, draws: int, gen) -> dict:
+    """The top-p kernels against the float64 oracle on the first path's logits with the same uniforms
+    (``draws`` draws per request): the share of equal tokens; each path's top-p sampler's draws: the share
+    inside the kernels' kept set of its own logits; and the kept set's size."""
+    logits = next(iter(fns.values()))(*args)
+    same = 0
+    for _ in range(draws):
+        u = torch.rand(logits.shape, generator=gen, device=gen.device)
+        same += int((sampling.top_p_sample(logits, top_p, temperature, uniform=u)
+                     == sampling.top_p_reference(logits, top_p, temperature, u)).sum())
+    out = {"oracle_agree": same / (draws * logits.shape[0]),
+           "kept": float(sampling.top_p_mask(logits, top_p, temperature).sum(1).float().median())}
+    for n, f in fns.items():
+        kept = sampling.top_p_mask(f(*args), top_p, temperature)
+        inside = [float(kept.gather(1, samplers[n](*args)[:, None]).float().mean()) for _ in range(draws)]
+        out[f"inside {n}"] = sum(inside) / draws
+    return out
 
 
 def measure(params: dict, device: str, paths: Callable) -> dict:
@@ -139,7 +181,6 @@ def measure(params: dict, device: str, paths: Callable) -> dict:
         if i == 0:
             r32 = _float32_reference(m, pool, tokens, table, lens)
             checks["float32"] = {n: _compare(fns[n](tokens, pool, table, lens), r32) for n in names}
-            greedy = _greedy(m, fns, pool, tokens, table, lens, p["greedy_steps"])
         rounds = {n: [] for n in names}
         for r in range(p["rounds"]):
             for n in (names if r % 2 == 0 else names[::-1]):
@@ -159,10 +200,28 @@ def measure(params: dict, device: str, paths: Callable) -> dict:
                 t = timing.bench([lambda f=samplers[n], tk=tokens, pl=pool, tb=table, ln=lens: f(tk, pl, tb, ln)],
                                  device=device, reps=p["reps"], warmup=WARMUP[device], target_ms=p["target_ms"])
                 greedy_rounds[n].append(t.to_dict())
+        if i == 0:
+            greedy = _successor_greedy(m, fns[names[0]], samplers, pool, tokens, table, lens, p["greedy_steps"], gen)
+        # each path with top-p sampling: its own (``sample``, no sort) where it has one, else the sorting path
+        top_p = torch.full((B,), p["top_p"], device=device)
+        temp = torch.full((B,), p["temperature"], device=device)
+        seed = torch.tensor([p["seed"]], device=device, dtype=torch.int64)
+        top_p_fns = {n: (lambda *a, f=fns[n]: f.sample(*a, top_p, temp, seed)) if hasattr(fns[n], "sample")
+                     else (lambda *a, f=fns[n]: sampling.top_p_torch(f(*a), top_p, temp)) for n in names}
+        top_p_check = _top_p_checks(fns, top_p_fns, (tokens, pool, table, lens), top_p, temp, p["top_p_draws"], gen)
+        if top_p_check["oracle_agree"] < 0.9:
+            raise AssertionError(f"B={B} L={L}: the top-p kernels draw the float64 oracle's token for only "
+                                 f"{top_p_check['oracle_agree']:.3f} of the requests")
+        top_p_rounds = {n: [] for n in names}
+        for r in range(p["rounds"]):
+            for n in (names if r % 2 == 0 else names[::-1]):
+                t = timing.bench([lambda f=top_p_fns[n], tk=tokens, pl=pool, tb=table, ln=lens: f(tk, pl, tb, ln)],
+                                 device=device, reps=p["reps"], warmup=WARMUP[device], target_ms=p["target_ms"])
+                top_p_rounds[n].append(t.to_dict())
         kernels = {n: trace.kernel_times(lambda n=n, tk=tokens, pl=pool, tb=table, ln=lens: fns[n](tk, pl, tb, ln), device)
                    for n in names}
         steps.append({"B": B, "L": L, "checks": checks, "rounds": rounds, "greedy_rounds": greedy_rounds,
-                      "kernels": kernels})
+                      "top_p_rounds": top_p_rounds, "top_p_check": top_p_check, "kernels": kernels})
         print(f"B={B} L={L} done", flush=True)
         del pool, table
         if device == "cuda":

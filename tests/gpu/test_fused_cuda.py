@@ -70,3 +70,31 @@ def test_skinny_argmax_at_the_vocabulary_in_bf16():
     x = torch.randn(4, 4096, device="cuda", generator=g, dtype=torch.bfloat16)
     w = torch.randn(4096, 128256, device="cuda", generator=g, dtype=torch.bfloat16) * 0.02
     assert torch.equal(skinny_gemm.skinny_argmax(x, w), skinny_gemm.skinny_mm(x, w).argmax(-1))
+
+
+@pytest.mark.parametrize("B", [1, 64])
+def test_top_p_at_the_vocabulary_in_bf16(B):
+    from lib.kernels import sampling
+
+    g = torch.Generator(device="cuda").manual_seed(B)
+    logits = (torch.randn(B, 128256, device="cuda", generator=g) * 2).bfloat16()
+    p, T = torch.full((B,), 0.9, device="cuda"), torch.full((B,), 0.8, device="cuda")
+    x = logits.double() / 0.8
+    srt, order = x.softmax(-1).sort(-1, descending=True)
+    k = (srt.cumsum(-1) < 0.9).sum(-1)
+    tau = logits.gather(-1, order.gather(-1, k[:, None]))
+    assert torch.equal(sampling.top_p_mask(logits, p, T), logits >= tau)
+    u = torch.rand(B, 128256, device="cuda", generator=g)
+    assert torch.equal(sampling.top_p_sample(logits, p, T, uniform=u), sampling.top_p_reference(logits, p, T, u))
+    # captured in a CUDA graph: each replay reads the seed's current value
+    seed = torch.tensor([1], device="cuda", dtype=torch.int64)
+    eager = sampling.top_p_sample(logits, p, T, seed=seed)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        drawn = sampling.top_p_sample(logits, p, T, seed=seed)
+    graph.replay()
+    assert torch.equal(drawn, eager)
+    seed.fill_(2)
+    graph.replay()
+    assert torch.equal(drawn, sampling.top_p_sample(logits, p, T, seed=seed))
+    assert B == 1 or not torch.equal(drawn, eager)
