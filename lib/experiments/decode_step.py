@@ -23,8 +23,8 @@ holds them). ``paths(m, device)`` gives the notebook's ways of running one step 
 
 At the first shape, every path also generates ``greedy_steps`` tokens greedily, free-running, on an output
 head made to give a clear argmax (``_successor_greedy``: each token's successor under a random permutation
-of the vocabulary leads), to compare the paths' tokens. Then a prefill of each length of ``params["prefill"]`` at batch 1 (the whole prompt, the last token's
-logits) is timed the same way.
+of the vocabulary leads), to compare the paths' tokens. Then a prefill of each length of
+``params["prefill"]`` at batch 1 (the whole prompt, the last token's logits) is timed the same way.
 
 Chapter: 7.
 """
@@ -206,8 +206,9 @@ def measure(params: dict, device: str, paths: Callable) -> dict:
         top_p = torch.full((B,), p["top_p"], device=device)
         temp = torch.full((B,), p["temperature"], device=device)
         seed = torch.tensor([p["seed"]], device=device, dtype=torch.int64)
-        top_p_fns = {n: (lambda *a, f=fns[n]: f.sample(*a, top_p, temp, seed)) if hasattr(fns[n], "sample")
-                     else (lambda *a, f=fns[n]: sampling.top_p_torch(f(*a), top_p, temp)) for n in names}
+        top_p_fns = {n: (lambda *a, f=fns[n], tp=top_p, tt=temp, sd=seed: f.sample(*a, tp, tt, sd))
+                     if hasattr(fns[n], "sample")
+                     else (lambda *a, f=fns[n], tp=top_p, tt=temp: sampling.top_p_torch(f(*a), tp, tt)) for n in names}
         top_p_check = _top_p_checks(fns, top_p_fns, (tokens, pool, table, lens), top_p, temp, p["top_p_draws"], gen)
         if top_p_check["oracle_agree"] < 0.9:
             raise AssertionError(f"B={B} L={L}: the top-p kernels draw the float64 oracle's token for only "

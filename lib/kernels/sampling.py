@@ -243,7 +243,6 @@ def top_p_mask(logits: torch.Tensor, top_p=1.0, temperature=1.0, *, block_n: int
     is at least p, with every token tied at tau)."""
     top_p, temp = _check_args(logits, top_p, temperature)
     stats, mass, prefix, lay = _search(logits, top_p, temp, block_n)
-    B = lay["B"]
     z = torch.stack([(s[:, 1] * torch.exp(s[:, 0] - s[:, 0].max())).sum() for s in stats])
     total = mass[-1].sum(1)  # [B, 16]
     best = ((total >= (top_p * z)[:, None]) & (torch.arange(16, device=logits.device) > 0)).sum(1)
