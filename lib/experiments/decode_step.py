@@ -46,6 +46,7 @@ from lib.kernels import sampling
 PARAMS = ("config", "dtype", "shapes", "block", "prefill", "reps", "target_ms", "rounds", "greedy_steps", "top_p",
           "temperature", "top_p_draws", "seed")
 WARMUP = {"cuda": 3, "cpu": 1}
+RESIDUAL_SCALE = 0.25  # the greedy comparison's scale of the layers' O and down projections
 
 
 def sweep(size: str) -> dict:
@@ -103,14 +104,19 @@ def _float32_reference(m, pool, tokens, table, lens) -> torch.Tensor:
 def _successor_greedy(m, logits_fn, samplers: dict, pool, tokens, table, lens, steps: int, gen) -> list[dict]:
     """Free-running greedy steps on weights that give a clear argmax: the output head's column perm[t] set to
     token t's embedding times 0.02 (the head's own scale), for a random permutation perm of the vocabulary,
-    so that the step's output, which still carries the input token's embedding, points at its successor
-    perm[t]. Every path generates ``steps`` tokens from the same start (each rewrites the same K/V slots
+    and the layers' writes into the residual stream (the O and down projections) scaled by
+    ``RESIDUAL_SCALE``, so that the stream still carries the input token's embedding at the end and the
+    step points at its successor perm[t] (with the random layers at full scale, 32 of them drown it). Every
+    path generates ``steps`` tokens from the same start (each rewrites the same K/V slots
     with its own); per step each path's tokens, the reference's lead (largest logit minus the second, over
     the largest, smallest over the batch) and the share of its tokens that are the previous one's successor."""
     head, vocab = m.head, m.cfg.vocab
     perm = torch.randperm(vocab, generator=gen, device=gen.device)
     m.head = torch.empty_like(head)
     m.head[:, perm] = m.embed.T * 0.02
+    for L in m.layers:  # exact in binary floating point, undone below
+        L["wo"].mul_(RESIDUAL_SCALE)
+        L["wd"].mul_(RESIDUAL_SCALE)
     try:
         rows = [{"step": s} for s in range(steps)]
         tok, ln = tokens.clone(), lens.clone()
@@ -128,6 +134,9 @@ def _successor_greedy(m, logits_fn, samplers: dict, pool, tokens, table, lens, s
                 rows[s][f"tokens {n}"] = tok.tolist()
     finally:
         m.head = head
+        for L in m.layers:
+            L["wo"].div_(RESIDUAL_SCALE)
+            L["wd"].div_(RESIDUAL_SCALE)
     return rows
 
 

@@ -42,7 +42,7 @@ from lib.kernels.skinny_gemm import _argmax_blocks_kernel
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 RADIX = tl.constexpr(4)  # bits of tau fixed per pass: 16 candidates
-MASS_BLOCK = 256  # columns per step of the mass kernel: [256, 16] comparisons at a time
+MASS_BLOCK = 256  # columns per step of the mass kernel: [256, 16] comparisons at a time, on eight warps
 
 
 @triton.jit
@@ -119,14 +119,14 @@ def _mass_kernel(L, TEMP, TOP_P, STATS, MASS, PREFIX, B, V, COLS, NB, j, stride_
     t = tl.arange(0, 16)
     cand = prefix + (t.to(tl.int64) << (BITS - RADIX * j))
     inv_t = 1.0 / tl.load(TEMP + row).to(tl.float32)
-    acc = tl.zeros((16,), tl.float32)
+    acc = tl.zeros((BLOCK_N, 16), tl.float32)  # added up once, after the loop
     end = tl.minimum(n * COLS + COLS, V)
     for c0 in range(n * COLS, end, BLOCK_N):
         cols = c0 + tl.arange(0, BLOCK_N)
         lg = tl.load(L + row * stride_l + cols, mask=cols < end, other=float("-inf"))
         w = tl.exp(lg.to(tl.float32) * inv_t - mx)
-        acc += tl.sum(tl.where(_keys(lg, BITS)[:, None] >= cand[None, :], w[:, None], 0.0), axis=0)
-    tl.store(MASS + ((j * B + row) * NB + n) * 16 + t, acc)
+        acc += tl.where(_keys(lg, BITS)[:, None] >= cand[None, :], w[:, None], 0.0)
+    tl.store(MASS + ((j * B + row) * NB + n) * 16 + t, tl.sum(acc, axis=0))
 
 
 @triton.jit
@@ -191,7 +191,7 @@ def _search(logits, top_p, temp, block_n: int | None):
     block_n = block_n or (1024 if bits == 16 else 512)
     if block_n & (block_n - 1) or block_n < 16:
         raise ValueError(f"block_n must be a power of two of at least 16, got {block_n}")
-    programs = max(1, min(64, triton.cdiv(2 * launch.sm_count(logits.device), B)))
+    programs = max(1, min(64, triton.cdiv(4 * launch.sm_count(logits.device), B)))  # per row
     cols = triton.cdiv(triton.cdiv(V, programs), block_n) * block_n
     nb = triton.cdiv(V, cols)
     dev = logits.device
@@ -203,7 +203,7 @@ def _search(logits, top_p, temp, block_n: int | None):
     _stats_kernel[(nb, B)](logits, temp, stats, mass, prefix, V, cols, nb, logits.stride(0), BITS=bits, BLOCK_N=block_n)
     for j in range(1, passes + 1):
         _mass_kernel[(nb, B)](logits, temp, top_p, stats, mass, prefix, B, V, cols, nb, j, logits.stride(0),
-                              BITS=bits, NBP=lay["nbp"], BLOCK_N=min(MASS_BLOCK, block_n))
+                              BITS=bits, NBP=lay["nbp"], BLOCK_N=min(MASS_BLOCK, block_n), num_warps=8)
     return stats, mass, prefix, lay
 
 
