@@ -42,7 +42,8 @@ from lib.kernels.skinny_gemm import _argmax_blocks_kernel
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 RADIX = tl.constexpr(4)  # bits of tau fixed per pass: 16 candidates
-MASS_BLOCK = 256  # columns per step of the mass kernel: [256, 16] comparisons at a time, on eight warps
+MASS_BLOCK = 256  # columns per step of the mass kernel: [256, 16] comparisons at a time
+MASS_WARPS = 8
 
 
 @triton.jit
@@ -203,7 +204,7 @@ def _search(logits, top_p, temp, block_n: int | None):
     _stats_kernel[(nb, B)](logits, temp, stats, mass, prefix, V, cols, nb, logits.stride(0), BITS=bits, BLOCK_N=block_n)
     for j in range(1, passes + 1):
         _mass_kernel[(nb, B)](logits, temp, top_p, stats, mass, prefix, B, V, cols, nb, j, logits.stride(0),
-                              BITS=bits, NBP=lay["nbp"], BLOCK_N=min(MASS_BLOCK, block_n), num_warps=8)
+                              BITS=bits, NBP=lay["nbp"], BLOCK_N=min(MASS_BLOCK, block_n), num_warps=MASS_WARPS)
     return stats, mass, prefix, lay
 
 
