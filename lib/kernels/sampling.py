@@ -50,8 +50,8 @@ MASS_WARPS = 8
 def _keys(logits, BITS: tl.constexpr):
     """Signed integer keys in the order of the logits' values (IEEE floats of BITS bits): non-negative
     values keep their bit pattern, negative ones have their magnitude bits flipped."""
-    if BITS == 16:
-        b = logits.to(tl.int16, bitcast=True).to(tl.int64)
+    if BITS == 16:  # int32 keys (cheaper to compare than int64)
+        b = logits.to(tl.int16, bitcast=True).to(tl.int32)
     else:
         b = logits.to(tl.int32, bitcast=True).to(tl.int64)
     return tl.where(b >= 0, b, b ^ ((1 << (BITS - 1)) - 1))
@@ -118,15 +118,17 @@ def _mass_kernel(L, TEMP, TOP_P, STATS, MASS, PREFIX, B, V, COLS, NB, j, stride_
     if n == 0:
         tl.store(PREFIX + j * B + row, prefix)
     t = tl.arange(0, 16)
-    cand = prefix + (t.to(tl.int64) << (BITS - RADIX * j))
+    cand = (prefix + (t.to(tl.int64) << (BITS - RADIX * j)))[None, :]
+    if BITS == 16:
+        cand = cand.to(tl.int32)
     inv_t = 1.0 / tl.load(TEMP + row).to(tl.float32)
     acc = tl.zeros((BLOCK_N, 16), tl.float32)  # added up once, after the loop
     end = tl.minimum(n * COLS + COLS, V)
     for c0 in range(n * COLS, end, BLOCK_N):
-        cols = c0 + tl.arange(0, BLOCK_N)
+        cols = c0 + tl.arange(0, BLOCK_N)[:, None]  # a column of logits, so that each thread holds 16 candidates
         lg = tl.load(L + row * stride_l + cols, mask=cols < end, other=float("-inf"))
         w = tl.exp(lg.to(tl.float32) * inv_t - mx)
-        acc += tl.where(_keys(lg, BITS)[:, None] >= cand[None, :], w[:, None], 0.0)
+        acc += tl.where(_keys(lg, BITS) >= cand, w, 0.0)
     tl.store(MASS + ((j * B + row) * NB + n) * 16 + t, tl.sum(acc, axis=0))
 
 
