@@ -12,7 +12,8 @@ GEMM, SiLU, the product, the down GEMM with the residual; then the final norm an
 
 - ``FusedStep``: the same step with ``lib.kernels.fused``: the residual add moved into the next RMSNorm
   (one kernel), RoPE and the K/V write in one kernel, SiLU and the product in one; the products go through
-  ``lib.kernels.skinny_gemm`` where it beats cuBLAS (every product at batch 1); greedy sampling fused into
+  ``lib.kernels.skinny_gemm`` where it beats cuBLAS (every product at batch 1), and a product split along K
+  leaves the sum of its pieces to the norm or the RoPE kernel that reads it; greedy sampling fused into
   the output head (``greedy``) and top-p sampling without a sort (``sample``).
 - ``CompiledStep``: the same step with the parts around the attention kernel compiled by ``torch.compile``
   (Inductor fuses the small operators itself); the book's attention kernel runs between them.
@@ -65,10 +66,12 @@ def random_model(cfg: model.Config, *, seed: int = 0, dtype: torch.dtype = torch
     return m
 
 
-def _mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x @ w through the book's skinny GEMM where it beats cuBLAS (``skinny_gemm.use_for``), else cuBLAS."""
+def _mm(x: torch.Tensor, w: torch.Tensor, reduce: bool = True) -> torch.Tensor:
+    """x @ w through the book's skinny GEMM where it beats cuBLAS (``skinny_gemm.use_for``), else cuBLAS; with
+    ``reduce=False`` a split-K product may return its partial sums [splits, M, N] for the next fused kernel
+    to add."""
     if skinny_gemm.use_for(x.shape[0], w.shape[1], w.shape[0]):
-        return skinny_gemm.skinny_mm(x, w)
+        return skinny_gemm.skinny_mm(x, w, reduce=reduce)
     return x @ w
 
 
@@ -115,10 +118,11 @@ class FusedStep:
         res = None  # the residual stream, updated by each norm
         for li, L in enumerate(m.layers):
             h, res = fused.rmsnorm(x, L["attn_norm"], c.eps, residual=res)
-            q = fused.rope_write(_mm(h, L["wqkv"]), pos, self.inv_freq, pool.k[li], pool.v[li], table, c.heads)
+            # split-K products hand their partial sums to the next fused kernel, which adds them as it loads
+            q = fused.rope_write(_mm(h, L["wqkv"], False), pos, self.inv_freq, pool.k[li], pool.v[li], table, c.heads)
             o = _plan(self.plans, q, pool.k[li], pool.v[li], table, lens)(q, pool.k[li], pool.v[li], table, lens)
-            h, res = fused.rmsnorm(_mm(o.reshape(len(tokens), -1), L["wo"]), L["mlp_norm"], c.eps, residual=res)
-            x = _mm(fused.silu_mul(_mm(h, L["wgu"])), L["wd"])
+            h, res = fused.rmsnorm(_mm(o.reshape(len(tokens), -1), L["wo"], False), L["mlp_norm"], c.eps, residual=res)
+            x = _mm(fused.silu_mul(_mm(h, L["wgu"])), L["wd"], False)
         h, _ = fused.rmsnorm(x, m.norm, c.eps, residual=res)
         return h
 

@@ -76,6 +76,8 @@ def test_rope_write_matches_the_model(dtype):
 
 
 def test_bad_inputs_are_refused():
+    with pytest.raises(ValueError, match="partial sums"):
+        fused.rmsnorm(torch.zeros(2, 3, 4, dtype=torch.float16), torch.ones(4), 1e-5)
     with pytest.raises(ValueError, match="residual"):
         fused.rmsnorm(torch.zeros(2, 4), torch.ones(4), 1e-5, residual=torch.zeros(3, 4))
     with pytest.raises(TypeError, match="fp16, bf16 or fp32"):
@@ -115,3 +117,35 @@ def test_steps_match_the_model_decode(step):
     got = fn(tokens, pool2, table, lens)
     assert torch.allclose(got, ref, atol=1e-4, rtol=1e-4)
     assert torch.allclose(pool2.k, pool.k, atol=1e-5) and torch.allclose(pool2.v, pool.v, atol=1e-5)  # the same K/V
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_partial_sums_give_the_reduced_products_values(dtype):
+    # a split-K product's float32 pieces, added by the norm and the RoPE kernel as they load them, give exactly
+    # what the product reduced and stored in dtype gives
+    from lib.kernels import skinny_gemm
+
+    g = torch.Generator().manual_seed(5)
+    cfg = llama.TINY
+    width = (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim
+    x = torch.randn(3, 512, generator=g).to(dtype)
+    for n, consumer in ((cfg.hidden, "rmsnorm"), (width, "rope")):
+        w = (torch.randn(512, n, generator=g) * 0.05).to(dtype)
+        parts = skinny_gemm.skinny_mm(x, w, splits=4, reduce=False)
+        reduced = skinny_gemm.skinny_mm(x, w, splits=4)
+        assert parts.shape == (4, 3, n) and parts.dtype == torch.float32
+        assert torch.equal(((parts[0] + parts[1]) + parts[2] + parts[3]).to(dtype), reduced)
+        if consumer == "rmsnorm":
+            res = torch.randn(3, n, generator=g).to(dtype)
+            wn = torch.rand(n, generator=g).to(dtype) + 0.5
+            for r in (res, None):
+                a, b = fused.rmsnorm(parts, wn, 1e-5, residual=r), fused.rmsnorm(reduced, wn, 1e-5, residual=r)
+                assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[0].dtype == dtype
+        else:
+            pools = [KVPool(12, 4, layers=1, kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, dtype=dtype) for _ in range(2)]
+            table = torch.tensor([[5, 2, 7], [0, 9, 1], [11, 3, 4]], dtype=torch.int32)
+            pos = torch.tensor([5, 11, 0])
+            inv = llama.random_model(cfg, dtype=torch.float32, device="cpu")._inv_freq.float()
+            qa = fused.rope_write(parts, pos, inv, pools[0].k[0], pools[0].v[0], table, cfg.heads)
+            qb = fused.rope_write(reduced, pos, inv, pools[1].k[0], pools[1].v[0], table, cfg.heads)
+            assert torch.equal(qa, qb) and torch.equal(pools[0].k, pools[1].k) and torch.equal(pools[0].v, pools[1].v)

@@ -312,6 +312,19 @@ def _fused_calls(rec: Recorder) -> None:
         fused.rope_write(_meta(B, (c.heads + 2 * c.kv_heads) * c.head_dim, dtype=dtype), _meta(B, dtype=torch.int64),
                          _meta(c.head_dim // 2, dtype=torch.float32), kc, kc, _meta(B, pages, dtype=torch.int32), c.heads)
         fused.silu_mul(_meta(B, 2 * c.mlp, dtype=dtype))
+        # split-K products handed on as partial sums (the splits the skinny GEMM's rule picks on an H200)
+        width = (c.heads + 2 * c.kv_heads) * c.head_dim
+        for K, N in ((c.hidden, width), (c.heads * c.head_dim, c.hidden), (c.mlp, c.hidden)):
+            if not skinny_gemm.use_for(B, N, K):
+                continue
+            s = skinny_gemm.choose_config(B, N, K, H200_SMS)["splits"]
+            rec.label = f"chapter 7: {s} partial sums of M={B} K={K} N={N} into the next kernel"
+            if s > 1 and N == width:
+                fused.rope_write(_meta(s, B, N, dtype=torch.float32), _meta(B, dtype=torch.int64),
+                                 _meta(c.head_dim // 2, dtype=torch.float32), kc, kc, _meta(B, pages, dtype=torch.int32),
+                                 c.heads)
+            elif s > 1:
+                fused.rmsnorm(_meta(s, B, N, dtype=torch.float32), _meta(c.hidden, dtype=dtype), c.eps, residual=x)
         for K, N in ((c.hidden, (c.heads + 2 * c.kv_heads) * c.head_dim), (c.heads * c.head_dim, c.hidden),
                      (c.hidden, 2 * c.mlp), (c.mlp, c.hidden), (c.hidden, c.vocab)):
             rec.label = f"chapter 7: skinny GEMM M={B} K={K} N={N}"

@@ -123,9 +123,11 @@ def use_for(M: int, N: int, K: int) -> bool:
 
 def skinny_mm(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None, block_n: int | None = None,
               block_k: int | None = None, splits: int | None = None, num_warps: int | None = None,
-              num_stages: int | None = None) -> torch.Tensor:
+              num_stages: int | None = None, reduce: bool = True) -> torch.Tensor:
     """x [M, K] @ w [K, N] for M <= 64 (both contiguous in their last dimension, one dtype, one device):
-    [M, N] in x's dtype. Launch parameters left as None come from ``choose_config``."""
+    [M, N] in x's dtype. Launch parameters left as None come from ``choose_config``. With ``reduce=False``
+    a split launch returns its float32 partial sums [splits, M, N] unreduced, for a next kernel that adds
+    them as it loads them (``lib.kernels.fused``); a launch without a split returns [M, N] as always."""
     for name, t in (("x", x), ("w", w)):
         if not isinstance(t, torch.Tensor) or t.dim() != 2:
             raise ValueError(f"{name} must be a 2-D tensor, got {getattr(t, 'shape', type(t).__name__)}")
@@ -155,6 +157,8 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = No
     _skinny_kernel[grid](x, w, part, M, N, K, k_split, x.stride(0), w.stride(0), M * N if splits > 1 else 0, N,
                          BLOCK_M=cfg["block_m"], BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps or cfg["num_warps"],
                          num_stages=num_stages or cfg["num_stages"])
+    if splits > 1 and not reduce:
+        return part
     if splits > 1:
         _sum_splits_kernel[(triton.cdiv(M * N, 1024),)](part, out, M * N, SPLITS=splits, BLOCK=1024)
     return out
