@@ -159,6 +159,18 @@ def _top_p_checks(fns: dict, samplers: dict, args, top_p, temperature, draws: in
     return out
 
 
+def _interleaved(fns: dict, args: tuple, p: dict, device: str) -> dict:
+    """Each of ``fns`` called on ``args``, timed by ``timing.bench`` in ``p["rounds"]`` interleaved rounds, the
+    order reversed every other round: {name: [one timing dict per round]}."""
+    names, out = list(fns), {n: [] for n in fns}
+    for r in range(p["rounds"]):
+        for n in (names if r % 2 == 0 else names[::-1]):
+            t = timing.bench([lambda f=fns[n]: f(*args)], device=device, reps=p["reps"], warmup=WARMUP[device],
+                             target_ms=p["target_ms"])
+            out[n].append(t.to_dict())
+    return out
+
+
 def measure(params: dict, device: str, paths: Callable) -> dict:
     """Run the sweep (see the module) with ``paths(m, device) -> {name: step}``; the first path is the
     reference the others are checked against. Returns {"steps", "greedy", "prefill", "config"}."""
@@ -190,25 +202,15 @@ def measure(params: dict, device: str, paths: Callable) -> dict:
         if i == 0:
             r32 = _float32_reference(m, pool, tokens, table, lens)
             checks["float32"] = {n: _compare(fns[n](tokens, pool, table, lens), r32) for n in names}
-        rounds = {n: [] for n in names}
-        for r in range(p["rounds"]):
-            for n in (names if r % 2 == 0 else names[::-1]):
-                t = timing.bench([lambda n=n, tk=tokens, pl=pool, tb=table, ln=lens: fns[n](tk, pl, tb, ln)], device=device,
-                                 reps=p["reps"],
-                                 warmup=WARMUP[device], target_ms=p["target_ms"])
-                rounds[n].append(t.to_dict())
+        args = (tokens, pool, table, lens)
+        rounds = _interleaved(fns, args, p, device)
         # each path with greedy sampling: its own fused sampling where it has one (``greedy``), else an argmax
         samplers = {n: getattr(fns[n], "greedy", None) or (lambda *a, f=fns[n]: f(*a).argmax(-1)) for n in names}
         for n, sample in samplers.items():
             if not torch.equal(sample(tokens, pool, table, lens), fns[n](tokens, pool, table, lens).argmax(-1)):
                 raise AssertionError(f"path {n!r}, B={B} L={L}: its greedy sampling picks other tokens than the argmax "
                                      "of its logits")
-        greedy_rounds = {n: [] for n in names}
-        for r in range(p["rounds"]):
-            for n in (names if r % 2 == 0 else names[::-1]):
-                t = timing.bench([lambda f=samplers[n], tk=tokens, pl=pool, tb=table, ln=lens: f(tk, pl, tb, ln)],
-                                 device=device, reps=p["reps"], warmup=WARMUP[device], target_ms=p["target_ms"])
-                greedy_rounds[n].append(t.to_dict())
+        greedy_rounds = _interleaved(samplers, args, p, device)
         if i == 0:
             greedy = _successor_greedy(m, fns[names[0]], samplers, pool, tokens, table, lens, p["greedy_steps"], gen)
         # each path with top-p sampling: its own (``sample``, no sort) where it has one, else the sorting path
@@ -218,16 +220,11 @@ def measure(params: dict, device: str, paths: Callable) -> dict:
         top_p_fns = {n: (lambda *a, f=fns[n], tp=top_p, tt=temp, sd=seed: f.sample(*a, tp, tt, sd))
                      if hasattr(fns[n], "sample")
                      else (lambda *a, f=fns[n], tp=top_p, tt=temp: sampling.top_p_torch(f(*a), tp, tt)) for n in names}
-        top_p_check = _top_p_checks(fns, top_p_fns, (tokens, pool, table, lens), top_p, temp, p["top_p_draws"], gen)
+        top_p_check = _top_p_checks(fns, top_p_fns, args, top_p, temp, p["top_p_draws"], gen)
         if top_p_check["oracle_agree"] < 0.9:
             raise AssertionError(f"B={B} L={L}: the top-p kernels draw the float64 oracle's token for only "
                                  f"{top_p_check['oracle_agree']:.3f} of the requests")
-        top_p_rounds = {n: [] for n in names}
-        for r in range(p["rounds"]):
-            for n in (names if r % 2 == 0 else names[::-1]):
-                t = timing.bench([lambda f=top_p_fns[n], tk=tokens, pl=pool, tb=table, ln=lens: f(tk, pl, tb, ln)],
-                                 device=device, reps=p["reps"], warmup=WARMUP[device], target_ms=p["target_ms"])
-                top_p_rounds[n].append(t.to_dict())
+        top_p_rounds = _interleaved(top_p_fns, args, p, device)
         kernels = {n: trace.kernel_times(lambda n=n, tk=tokens, pl=pool, tb=table, ln=lens: fns[n](tk, pl, tb, ln), device)
                    for n in names}
         steps.append({"B": B, "L": L, "checks": checks, "rounds": rounds, "greedy_rounds": greedy_rounds,
