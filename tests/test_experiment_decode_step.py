@@ -45,3 +45,44 @@ def test_bytes_and_flops_of_llama3_8b():
     assert q["attention (K/V)"] == 2 * 1024 * 32 * 2 * 8 * 128
     assert ex.step_flops(c, 1, 0) == (q["layer weights"] + q["output head"])  # 2 FLOPs per weight, 2 bytes per weight
     assert ex.prefill_flops(c, 1) == 2 * (q["layer weights"] / 2) + 2 * 32 * 32 * 128 * 2 + 2 * 128256 * 4096
+
+
+def _tiny_case():
+    import torch
+
+    m = llama.random_model(llama.TINY, dtype=torch.float32, device="cpu")
+    gen = torch.Generator().manual_seed(1)
+    pool, table = ex._pool(m, 2, 12 + 6, 4, gen)
+    lens = torch.full((2,), 12, dtype=torch.int32)
+    tokens = torch.tensor([5, 60])
+    return m, pool, table, lens, tokens, gen
+
+
+def test_successor_greedy_agrees_and_restores_the_weights():
+    import torch
+
+    m, pool, table, lens, tokens, gen = _tiny_case()
+    before = {k: [L[k].clone() for L in m.layers] for k in ("wo", "wd")}
+    head = m.head
+    fused = llama.FusedStep(m)
+    unfused = lambda *a: m.decode(*a, check=False)  # noqa: E731
+    samplers = {"unfused": lambda *a: unfused(*a).argmax(-1), "fused": fused.greedy}
+    rows = ex._successor_greedy(m, unfused, samplers, pool, tokens, table, lens, 6, gen)
+    assert len(rows) == 6 and all(r["tokens unfused"] == r["tokens fused"] for r in rows)
+    assert min(r["lead"] for r in rows) > 0.1 and sum(r["successor"] for r in rows) / 6 > 0.5
+    assert m.head is head  # the head and the scaled projections are back as they were, exactly
+    assert all(torch.equal(L[k], b) for k in before for L, b in zip(m.layers, before[k]))
+
+
+def test_fused_top_p_draws_inside_the_kept_set_and_repeats_with_the_seed():
+    import torch
+
+    from lib.kernels import sampling
+
+    m, pool, table, lens, tokens, _ = _tiny_case()
+    step = llama.FusedStep(m)
+    p, T, seed = torch.tensor([0.9, 0.5]), torch.tensor([0.8, 1.0]), torch.tensor([3])
+    kept = sampling.top_p_mask(step(tokens, pool, table, lens), p, T)
+    a = step.sample(tokens, pool, table, lens, p, T, seed)
+    assert bool(kept.gather(1, a[:, None]).all())
+    assert torch.equal(a, step.sample(tokens, pool, table, lens, p, T, seed))
