@@ -32,22 +32,32 @@ MAX_M = 64
 
 
 @triton.jit
-def _skinny_kernel(X, W, P, M, N, K, K_SPLIT, stride_xm, stride_wk, stride_ps, stride_pm,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_s = tl.program_id(1)
+def _block_product(X, W, M, N, K, pid_n, k_lo, k_hi, stride_xm, stride_wk, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """x[:, k_lo:k_hi] @ w[k_lo:k_hi, the columns of block pid_n] in float32, tile by tile of BLOCK_K rows of
+    w (x's rows padded to BLOCK_M); returns it with its rows, columns and their masks."""
     rm = tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = rm < M
     nmask = rn < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_lo = pid_s * K_SPLIT
-    for k in range(k_lo, k_lo + K_SPLIT, BLOCK_K):
+    for k in range(k_lo, k_hi, BLOCK_K):
         rk = k + tl.arange(0, BLOCK_K)
         kmask = rk < K
         x = tl.load(X + rm[:, None] * stride_xm + rk[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
         w = tl.load(W + rk[:, None] * stride_wk + rn[None, :], mask=kmask[:, None] & nmask[None, :], other=0.0)
         acc += tl.dot(x, w)
+    return acc, rm, rn, mmask, nmask
+
+
+@triton.jit
+def _skinny_kernel(X, W, P, M, N, K, K_SPLIT, stride_xm, stride_wk, stride_ps, stride_pm,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    k_lo = pid_s * K_SPLIT
+    acc, rm, rn, mmask, nmask = _block_product(X, W, M, N, K, pid_n, k_lo, k_lo + K_SPLIT, stride_xm, stride_wk,
+                                               BLOCK_M, BLOCK_N, BLOCK_K)
     out = P + pid_s * stride_ps + rm[:, None] * stride_pm + rn[None, :]
     tl.store(out, acc.to(P.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
 
@@ -68,17 +78,8 @@ def _skinny_argmax_kernel(X, W, VAL, IDX, M, N, K, stride_xm, stride_wk, BLOCKS,
     """The products of one block of columns, as ``_skinny_kernel`` computes them (whole K), rounded to w's
     dtype as stored logits are; then, per row, their largest value and its column (the first on a tie)."""
     pid_n = tl.program_id(0)
-    rm = tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mmask = rm < M
-    nmask = rn < N
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
-        rk = k + tl.arange(0, BLOCK_K)
-        kmask = rk < K
-        x = tl.load(X + rm[:, None] * stride_xm + rk[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
-        w = tl.load(W + rk[:, None] * stride_wk + rn[None, :], mask=kmask[:, None] & nmask[None, :], other=0.0)
-        acc += tl.dot(x, w)
+    acc, rm, rn, mmask, nmask = _block_product(X, W, M, N, K, pid_n, 0, K, stride_xm, stride_wk, BLOCK_M, BLOCK_N,
+                                               BLOCK_K)
     acc = acc.to(W.dtype.element_ty).to(tl.float32)
     acc = tl.where(nmask[None, :], acc, float("-inf"))
     best, at = tl.max(acc, axis=1, return_indices=True, return_indices_tie_break_left=True)
