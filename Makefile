@@ -7,7 +7,7 @@ VENV ?= .venv
 REFERENCE ?= nvidia-h200
 PY ?= 3.12
 # The wheels a notebook needs beyond torch and triton (with everything they depend on).
-NOTEBOOK_PKGS ?= papermill ipykernel nbclient myst-nb numpy pandas matplotlib tqdm
+NOTEBOOK_PKGS ?= papermill ipykernel nbclient myst-nb numpy pandas matplotlib tqdm prometheus-client
 
 # The Triton release installed where torch brings none (its CPU build): the reference machine's.
 TRITON ?= 3.6.0

@@ -1,0 +1,147 @@
+"""What the engine measured, as a serving team reads it: latency percentiles, goodput, and Prometheus.
+
+Per request (``Request.result``): TTFT, arrival to first token; TPOT, (last token - first token) /
+(output tokens - 1); ITL, every gap between two consecutive tokens; E2E, arrival to last token; and the
+stages of the latency decomposition, time queued, time in the steps that prefilled it, decode time.
+``summary`` takes percentiles as vLLM's serving benchmark does: TTFT, TPOT and E2E over requests, ITL
+over all gaps of all requests pooled, and the output tokens per second over the run's span (first
+arrival to last finish); ``goodput`` counts only the tokens of requests that met both SLOs.
+``decomposition`` splits each request's TTFT into its stages.
+
+``PrometheusExporter`` keeps the minimum observability set in the Prometheus text format
+(``prometheus_client``): histograms of TTFT, TPOT, ITL and E2E; gauges of requests running and waiting,
+KV blocks in use and the batch of the last step; counters of prompt and generated tokens, requests
+finished, rejected (by reason) and pre-empted, prefix-cache hit and query tokens, and the step's GPU and
+host seconds. ``text()`` is the page a Prometheus server scrapes; ``serve(port)`` serves it over HTTP.
+
+Chapters: 8.
+"""
+
+from __future__ import annotations
+
+import math
+
+from lib.serving import metrics as sim_metrics
+
+# histogram bucket bounds (seconds): from a fast decode step to a long queue
+TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
+                0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+
+
+def summary(results: list[dict], kind: str | None = None) -> dict:
+    """TTFT, TPOT, E2E and queue P50/P95/P99 (``lib.serving.summary``: the simulator's definitions), ITL
+    P50/P95/P99 over every gap pooled, the mean of each, and output tokens/s over the run's span."""
+    out = sim_metrics.summary(results, kind)
+    if not out:
+        return out
+    rs = [r for r in results if kind is None or r["kind"] == kind]
+    gaps = [g for r in rs for g in r.get("itl", ())]
+    for p in (50, 95, 99):
+        out[f"itl_p{p}"] = sim_metrics.percentile(gaps, p)
+    for m in ("ttft", "tpot", "e2e"):
+        vals = [r[m] for r in rs if not math.isnan(r[m])]
+        out[f"{m}_mean"] = sum(vals) / len(vals) if vals else math.nan
+    return out
+
+
+def goodput(results: list[dict], ttft_slo: float, tpot_slo: float, kind: str | None = None) -> float:
+    """Output tokens/s of the requests that met both SLOs (``lib.serving.goodput``)."""
+    return sim_metrics.goodput(results, ttft_slo, tpot_slo, kind)
+
+
+def decomposition(results: list[dict], kind: str | None = None, q: float = 50) -> dict:
+    """Where TTFT goes, at the ``q``-th percentile of each stage over the requests (of ``kind``): time queued
+    (arrival to admission), in prefill steps (the steps that computed its prompt), and the rest before
+    its first token (admitted, in steps that did not prefill it), with TTFT itself; seconds."""
+    rs = [r for r in results if kind is None or r["kind"] == kind]
+    if not rs:
+        raise ValueError(f"no finished request of kind {kind!r} to decompose")
+    other = [r["ttft"] - r["queue"] - r["prefill"] for r in rs]
+    return {"queue": sim_metrics.percentile([r["queue"] for r in rs], q),
+            "prefill": sim_metrics.percentile([r["prefill"] for r in rs], q),
+            "other": sim_metrics.percentile(other, q), "ttft": sim_metrics.percentile([r["ttft"] for r in rs], q)}
+
+
+class PrometheusExporter:
+    """The engine's metrics for Prometheus (see the module), updated after every step of ``engine``."""
+
+    def __init__(self, engine, *, registry=None, prefix: str = "engine"):
+        import prometheus_client as pc
+
+        self.engine = engine
+        self.registry = registry if registry is not None else pc.CollectorRegistry()
+        r, n = self.registry, prefix
+
+        def h(name, doc, buckets):
+            return pc.Histogram(f"{n}_{name}", doc, registry=r, buckets=buckets)
+
+        self.ttft = h("time_to_first_token_seconds", "Arrival to first token", TTFT_BUCKETS)
+        self.tpot = h("time_per_output_token_seconds", "Mean gap between tokens after the first, per request",
+                      TPOT_BUCKETS)
+        self.itl = h("inter_token_latency_seconds", "Every gap between two tokens of a request", TPOT_BUCKETS)
+        self.e2e = h("e2e_request_latency_seconds", "Arrival to last token", E2E_BUCKETS)
+        self.queue_time = h("request_queue_time_seconds", "Arrival to first admission", TTFT_BUCKETS)
+        self.running = pc.Gauge(f"{n}_num_requests_running", "Requests in the running batch", registry=r)
+        self.waiting = pc.Gauge(f"{n}_num_requests_waiting", "Requests in the queues", registry=r)
+        self.kv_usage = pc.Gauge(f"{n}_kv_cache_usage_perc", "KV blocks held by requests, over the usable blocks",
+                                 registry=r)
+        self.batch = pc.Gauge(f"{n}_step_batch_size", "Requests in the last step (prefill and decode)", registry=r)
+        self.prompt_tokens = pc.Counter(f"{n}_prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.generation_tokens = pc.Counter(f"{n}_generation_tokens", "Tokens generated", registry=r)
+        self.success = pc.Counter(f"{n}_request_success", "Requests finished", ["finish_reason"], registry=r)
+        self.rejects = pc.Counter(f"{n}_request_rejects", "Requests turned away", ["reason"], registry=r)
+        self.preemptions = pc.Counter(f"{n}_num_preemptions", "Requests pre-empted (KV dropped, recomputed)",
+                                      registry=r)
+        self.hits = pc.Counter(f"{n}_prefix_cache_hits", "Prompt tokens found in the prefix cache", registry=r)
+        self.queries = pc.Counter(f"{n}_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                                  registry=r)
+        self.gpu_seconds = pc.Counter(f"{n}_step_gpu_seconds", "GPU time of the steps", registry=r)
+        self.host_seconds = pc.Counter(f"{n}_step_host_seconds", "Host time of the steps", registry=r)
+        self._rejects_seen: dict[str, int] = {}
+        engine.on_step(self.observe)
+
+    def observe(self, record: dict, finished) -> None:
+        """Update the metrics with one step's record and the requests it finished."""
+        e = self.engine
+        self.running.set(record["running"])
+        self.waiting.set(record["queued"])
+        self.kv_usage.set(record["kv_blocks"] / e.usable_blocks)
+        self.batch.set(record["batch"])
+        self.prompt_tokens.inc(record["prefill_tokens"])
+        self.generation_tokens.inc(len(record["yielded"]))
+        self.preemptions.inc(len(record["preempted"]))
+        self.hits.inc(record["prefix_hit_tokens"])
+        self.queries.inc(record["prefix_query_tokens"])
+        if not math.isnan(record["gpu_s"]):
+            self.gpu_seconds.inc(record["gpu_s"])
+        self.host_seconds.inc(max(0.0, record["host_s"]))
+        for reason, count in e.rejects.items():
+            new = count - self._rejects_seen.get(reason, 0)
+            if new:
+                self.rejects.labels(reason=reason).inc(new)
+                self._rejects_seen[reason] = count
+        for x in finished:
+            r = x.result()
+            self.success.labels(finish_reason=r["finish_reason"]).inc()
+            self.ttft.observe(r["ttft"])
+            self.e2e.observe(r["e2e"])
+            self.queue_time.observe(r["queue"])
+            if not math.isnan(r["tpot"]):
+                self.tpot.observe(r["tpot"])
+            for g in r["itl"]:
+                self.itl.observe(g)
+
+    def text(self) -> str:
+        """The metrics page in the Prometheus text format."""
+        import prometheus_client as pc
+
+        return pc.generate_latest(self.registry).decode()
+
+    def serve(self, port: int, addr: str = "127.0.0.1"):
+        """Serve ``text()`` at http://addr:port/metrics (a thread); returns (server, thread)."""
+        import prometheus_client as pc
+
+        return pc.start_http_server(port, addr=addr, registry=self.registry)

@@ -1,0 +1,325 @@
+"""The engine's scheduler: queues, admission, the plan of each step, KV blocks and pre-emption.
+
+It runs chapter 6's policies (``lib.serving.policy``) on real requests holding real KV blocks, with the
+same rules as the simulator (``lib.serving.simulate``), so that the two differ only in what a step costs:
+
+1. ``arrive``: requests added since the last step join their queue (one per bucket);
+2. ``admit``: continuous batching admits from each queue in priority order while fewer than
+   ``max_num_seqs`` run, the bucket's own cap allows, the prompt tokens to compute fit what is left of
+   ``max_num_batched_tokens`` (the step's first admission always fits; with chunked prefill a prompt needs
+   only its first chunk) and the pool can hold the prompt; a queue with a batching window is held until
+   its oldest request has waited ``max_wait``. Static and dynamic batching start a locked batch when none
+   runs. Admission takes the prompt's cached prefix from the prefix cache and allocates blocks for the
+   rest (``lib.prefix_cache``): the prefilled tokens start at the cached ones;
+3. ``plan``: in admission order, a request with prompt left prefills it whole or its next chunk within the
+   budget; the others decode one token (none, with ``prefill_first``, in a step that prefills);
+4. blocks for the decodes: a request whose next token starts a new block gets one; when the pool has none
+   free (nor evictable), the most recently admitted running request is pre-empted: its blocks are
+   released and it goes back to the front of its queue, to prefill its prompt and the tokens it generated
+   again (recomputation; its committed blocks stay cached, so it often finds them again);
+5. ``finish_step``: after the model ran, prefills advance, the requests whose prompt is complete and the
+   decodes get their token, and a request ends at ``max_tokens`` or a stop token; its blocks are released
+   (cached ones stay, evictable).
+
+Unlike the simulator, KV is counted in blocks, not tokens, and a request whose pool allocation fails is
+not admitted (the simulator's ``kv_capacity`` check). Everything here is host bookkeeping: no tensor.
+
+Chapters: 8.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from lib.engine.config import EngineConfig, SamplingParams
+from lib.kv_pool import KVPool, PoolExhausted
+from lib.prefix_cache import Lease, PrefixCache, block_keys
+
+WAITING, RUNNING, FINISHED, ABORTED = "waiting", "running", "finished", "aborted"
+
+
+@dataclass
+class Request:
+    """One request and everything the engine records about it (times on the engine's clock, seconds)."""
+
+    id: int
+    prompt: list[int]
+    params: SamplingParams
+    arrival: float
+    kind: str = ""
+    queue: int = 0
+    output: list[int] = field(default_factory=list)
+    status: str = WAITING
+    lease: Lease | None = None
+    target: int = 0  # tokens to prefill: the prompt, plus after a pre-emption the tokens generated
+    prefilled: int = 0  # tokens whose KV is in its blocks
+    admitted: float = math.nan
+    first_admitted: float = math.nan
+    token_times: list[float] = field(default_factory=list)
+    prefill_chunks: list[tuple[float, int]] = field(default_factory=list)  # (step end, tokens)
+    prefill_time: float = 0.0
+    preemptions: int = 0
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache, over its admissions
+    finish: float = math.nan
+    finish_reason: str = ""
+    keys: list[bytes] = field(default_factory=list, repr=False)  # block keys of tokens[:keys_for]
+    keys_for: int = -1
+
+    def __post_init__(self):
+        self.target = len(self.prompt)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def last_token(self) -> int:
+        return self.output[-1] if self.output else self.prompt[-1]
+
+    @property
+    def decoding(self) -> bool:
+        return self.status == RUNNING and self.prefilled >= self.target
+
+    def result(self, bucket: str = "") -> dict:
+        """Its metrics, with the keys of ``lib.serving.simulate``'s results (so ``lib.serving.summary`` and
+        ``goodput`` read both), plus ``itl`` (every gap between two tokens) and ``cached``."""
+        ttft = self.token_times[0] - self.arrival if self.token_times else math.nan
+        e2e = self.finish - self.arrival
+        n = len(self.output)
+        gaps = [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+        return {"id": self.id, "kind": self.kind, "bucket": bucket, "input": len(self.prompt), "output": n,
+                "arrival": self.arrival, "ttft": ttft, "e2e": e2e,
+                "tpot": (e2e - ttft) / (n - 1) if n > 1 else math.nan, "itl": gaps,
+                "itl_max": max(gaps) if gaps else math.nan, "queue": self.first_admitted - self.arrival,
+                "prefill": self.prefill_time, "decode": self.token_times[-1] - self.token_times[0] if n else math.nan,
+                "preemptions": self.preemptions, "tokens": n, "cached": self.cached_tokens,
+                "finish_reason": self.finish_reason}
+
+
+@dataclass
+class Plan:
+    """One step: (request, start, end) for each prefill chunk (tokens[start:end] computed), the requests
+    that decode, and those pre-empted while planning it."""
+
+    prefills: list[tuple[Request, int, int]] = field(default_factory=list)
+    decodes: list[Request] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.prefills and not self.decodes
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(end - start for _, start, end in self.prefills)
+
+    @property
+    def sampled(self) -> list[Request]:
+        """The requests that get a token from this step, in the order of the model's output rows: each
+        prefill that completes its prompt, then each decode."""
+        return [x for x, _, end in self.prefills if end == x.target] + self.decodes
+
+
+class EngineCache(PrefixCache):
+    """The prefix cache, able to give a running request one more block (evicting a cached one if none is
+    free)."""
+
+    def grow(self, lease: Lease) -> None:
+        """Append one new block to ``lease``; ``PoolExhausted`` (nothing changed) if none is free or evictable."""
+        if not self.pool.free_count:
+            if not self.evictable:
+                raise PoolExhausted("no block is free or evictable")
+            self._evict(1)
+        lease.blocks += self.pool.allocate(1)
+
+
+class Scheduler:
+    """Queues and running requests of one engine (see the module). ``pool`` holds the KV blocks (its storage
+    may be absent: the scheduler only counts blocks)."""
+
+    def __init__(self, config: EngineConfig, pool: KVPool):
+        self.config, self.pool = config, pool
+        self.policy = config.as_policy()
+        self.cache = EngineCache(pool)
+        self.queues: list[deque[Request]] = [deque() for _ in range(self.policy.queue_count)]
+        self.running: list[Request] = []
+        self.arrivals_done = False  # no request will be added any more (static batches and windows stop waiting)
+        self.preemptions = 0
+
+    # ------------------------------------------------------------------ queues
+    @property
+    def queued(self) -> int:
+        return sum(len(q) for q in self.queues)
+
+    def enqueue(self, x: Request) -> None:
+        x.queue = self.policy.bucket_of(len(x.prompt))
+        self.queues[x.queue].append(x)
+
+    def remove(self, x: Request) -> None:
+        """Take ``x`` out of the engine (aborted): out of its queue or the running batch, its blocks released."""
+        if x.status == WAITING:
+            self.queues[x.queue].remove(x)
+        elif x.status == RUNNING:
+            self.running.remove(x)
+            self._release(x)
+
+    def _release(self, x: Request) -> None:
+        if x.lease is not None:
+            self.cache.release(x.lease)
+            x.lease = None
+
+    # ------------------------------------------------------------------ admission
+    def _held(self, qi: int, now: float) -> bool:
+        """A queue waits for its batching window: its oldest request has waited less than the window, its prompts
+        fill less than the budget and more requests may come."""
+        q = self.queues[qi]
+        if not q or self.arrivals_done:
+            return False
+        return now < q[0].arrival + self.policy.window(qi) and sum(x.target for x in q) < self.policy.token_budget
+
+    def _take(self, x: Request, now: float) -> bool:
+        """Admit ``x`` if the pool can hold its tokens to prefill (its cached prefix taken from the cache)."""
+        try:
+            lease = self.cache.acquire(x.tokens[: x.target], self.config.extra)
+        except PoolExhausted:
+            return False
+        x.lease, x.prefilled, x.status, x.admitted = lease, lease.hit_tokens, RUNNING, now
+        x.cached_tokens += lease.hit_tokens
+        if math.isnan(x.first_admitted):
+            x.first_admitted = now
+        self.running.append(x)
+        return True
+
+    def _cached(self, x: Request) -> int:
+        """Tokens of ``x``'s prefill the prefix cache holds now (its block keys computed once per prefill)."""
+        if not self.config.enable_prefix_caching:
+            return 0
+        if x.keys_for != x.target:
+            x.keys = block_keys(x.tokens[: x.target], self.pool.block_size, self.config.extra)
+            x.keys_for = x.target
+        return len(self.cache.lookup(None, keys=x.keys)) * self.pool.block_size
+
+    def admit(self, now: float) -> list[Request]:
+        p = self.policy
+        if p.kind != "continuous":
+            return self._admit_batch(now)
+        budget = p.token_budget
+        per_queue = [0] * p.queue_count
+        for x in self.running:
+            per_queue[x.queue] += 1
+        admitted = []
+        for qi in p.admission_order():
+            q, cap = self.queues[qi], p.running_cap(qi)
+            if self._held(qi, now):
+                continue
+            while q and len(self.running) < p.max_running:
+                x = q[0]
+                if cap is not None and per_queue[qi] >= cap:
+                    break
+                hit = self._cached(x)
+                need = x.target - min(hit, x.target - 1)
+                need = need if p.chunk is None else min(need, p.chunk)
+                if admitted and need > budget:
+                    break
+                if not self._take(x, now):
+                    break
+                q.popleft()
+                admitted.append(x)
+                per_queue[qi] += 1
+                budget -= need
+        return admitted
+
+    def _admit_batch(self, now: float) -> list[Request]:
+        """Static and dynamic batching: a locked batch of up to ``max_num_seqs`` starts when none runs and that
+        many wait, or no more will come, or (dynamic) the oldest has waited ``max_wait``."""
+        q, p = self.queues[0], self.policy
+        if self.running or not q:
+            return []
+        ready = len(q) >= p.max_batch or self.arrivals_done or (p.kind == "dynamic" and now >= q[0].arrival + p.max_wait)
+        admitted = []
+        while ready and q and len(admitted) < p.max_batch and self._take(q[0], now):
+            admitted.append(q.popleft())
+        return admitted
+
+    # ------------------------------------------------------------------ planning
+    def schedule(self, now: float) -> Plan:
+        """Admit, plan the step and give its decodes their blocks (pre-empting if the pool runs out)."""
+        plan = Plan(admitted=self.admit(now))
+        p = self.policy
+        budget = p.token_budget if p.kind == "continuous" else math.inf
+        for x in self.running:
+            if x.prefilled < x.target:
+                take = x.target - x.prefilled
+                if p.chunk is not None:
+                    take = min(take, p.chunk)
+                if plan.prefills and take > budget:
+                    continue
+                if p.chunk is not None:
+                    take = min(take, budget)
+                plan.prefills.append((x, x.prefilled, x.prefilled + take))
+                budget -= take
+            else:
+                plan.decodes.append(x)
+        if p.prefill_first and plan.prefills:
+            plan.decodes = []
+        for x in list(plan.decodes):
+            while x.status == RUNNING and len(x.lease.blocks) * self.pool.block_size < x.length:
+                try:
+                    self.cache.grow(x.lease)
+                except PoolExhausted:
+                    victim = max(self.running, key=lambda y: (y.admitted, y.id))
+                    self.preempt(victim)
+                    plan.preempted.append(victim)
+        plan.decodes = [x for x in plan.decodes if x.status == RUNNING]
+        plan.prefills = [c for c in plan.prefills if c[0].status == RUNNING]
+        return plan
+
+    def preempt(self, x: Request) -> None:
+        """Drop ``x``'s KV and put it at the front of its queue, to prefill its prompt and output again."""
+        self.running.remove(x)
+        self._release(x)
+        x.status, x.prefilled, x.target = WAITING, 0, len(x.prompt) + len(x.output)
+        x.preemptions += 1
+        self.preemptions += 1
+        self.queues[x.queue].appendleft(x)
+
+    # ------------------------------------------------------------------ after the step
+    def finish_step(self, plan: Plan, tokens: list[int], now: float, duration: float) -> list[Request]:
+        """Record the step's results: prefills advance (their full blocks enter the prefix cache when a prompt
+        is complete), each request of ``plan.sampled`` gets its token of ``tokens``, requests that are done
+        leave. Returns the requests that finished."""
+        sampled = plan.sampled
+        if len(tokens) != len(sampled):
+            raise RuntimeError(f"the model gave {len(tokens)} tokens for a step that samples {len(sampled)}")
+        for x, start, end in plan.prefills:
+            x.prefilled = end
+            x.prefill_time += duration
+            x.prefill_chunks.append((now, end - start))
+            if end == x.target and self.config.enable_prefix_caching:
+                self.cache.commit(x.lease)
+        for x in plan.decodes:
+            x.prefilled += 1  # the step wrote the KV of the token it decoded from
+        finished = []
+        for x, t in zip(sampled, tokens):
+            x.output.append(int(t))
+            x.token_times.append(now)
+            reason = ""
+            if len(x.output) >= x.params.max_tokens:
+                reason = "length"
+            elif not x.params.ignore_eos and int(t) in x.params.stop_token_ids:
+                reason = "stop"
+            if reason:
+                x.finish_reason = reason
+                finished.append(x)
+        for x in finished:
+            self.running.remove(x)
+            self._release(x)
+            x.status, x.finish = FINISHED, now
+        return finished

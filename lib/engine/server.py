@@ -1,0 +1,136 @@
+"""The engine's asyncio front end: requests arrive in real time, each gets a stream of tokens.
+
+``AsyncEngine`` runs ``LLMEngine.step`` in a worker thread, one step after another while any request is
+unfinished, so the event loop stays free to take new requests while the GPU works. ``generate`` adds a
+request and yields its tokens as the steps produce them; a client that stops reading (a closed
+connection) aborts its request, and its blocks return to the pool at the next step. Tokens cross from
+the worker thread to the loop with ``call_soon_threadsafe``.
+
+``open_loop`` is a benchmark client: it sends each request of a workload at its arrival time, whatever
+the engine is doing (open loop: a slow engine does not slow the arrivals), and stamps each request's
+arrival at the time it was due, so a late event loop cannot hide queueing from the latencies.
+
+Chapters: 8.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from lib.engine.config import SamplingParams
+from lib.engine.engine import LLMEngine
+
+
+class AsyncEngine:
+    """``engine`` served to coroutines (see the module). Use as ``async with AsyncEngine(engine) as a: ...``."""
+
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._streams: dict[int, asyncio.Queue] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None
+        self._wake: asyncio.Event | None = None
+        self._stop = False
+        self.error: BaseException | None = None
+        engine.on_token(self._from_worker)
+
+    async def __aenter__(self) -> AsyncEngine:
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self._stop = True
+        self._wake.set()
+        await self._task
+
+    async def _run(self) -> None:
+        e = self.engine
+        while not self._stop:
+            if not e.unfinished:
+                await self._wake.wait()
+                self._wake.clear()
+                continue
+            try:
+                made = await asyncio.to_thread(e.step)
+            except BaseException as err:  # a failed step ends every stream with the error, never silently
+                self.error = err
+                for q in self._streams.values():
+                    q.put_nowait(err)
+                raise
+            if not made and not e.scheduler.running:
+                await asyncio.sleep(0.0005)  # queues held by a batching window: look again shortly
+
+    def _from_worker(self, rid: int, token: int, finished: bool) -> None:
+        self._loop.call_soon_threadsafe(self._deliver, rid, token, finished)
+
+    def _deliver(self, rid: int, token: int, finished: bool) -> None:
+        q = self._streams.get(rid)
+        if q is not None:
+            q.put_nowait((token, finished))
+
+    def submit(self, prompt, sampling: SamplingParams | None = None, *, kind: str = "",
+               arrival: float | None = None) -> Stream:
+        """Add a request (``LLMEngine.add_request``: its errors are raised here) and return its ``Stream``."""
+        if self.error is not None:
+            raise RuntimeError("the engine stopped on an error") from self.error
+        rid = self.engine.add_request(prompt, sampling, kind=kind, arrival=arrival)
+        q = self._streams[rid] = asyncio.Queue()
+        self._wake.set()
+        return Stream(self, rid, q)
+
+    async def generate(self, prompt, sampling: SamplingParams | None = None, *, kind: str = "",
+                       arrival: float | None = None):
+        """Add a request and yield its tokens as they come; leaving the loop early aborts the request."""
+        async for token in self.submit(prompt, sampling, kind=kind, arrival=arrival):
+            yield token
+
+    def _close(self, rid: int, done: bool) -> None:
+        self._streams.pop(rid, None)
+        if not done:
+            self.engine.abort(rid)
+            self._wake.set()
+
+
+class Stream:
+    """One request's tokens, in order, as an async iterator; ``id`` is its engine request id. Closing the
+    iterator before the last token (``aclose``, or leaving an ``async for``) aborts the request."""
+
+    def __init__(self, owner: AsyncEngine, rid: int, q: asyncio.Queue):
+        self.owner, self.id, self._q = owner, rid, q
+
+    async def __aiter__(self):
+        done = False
+        try:
+            while not done:
+                item = await self._q.get()
+                if isinstance(item, BaseException):
+                    raise RuntimeError("the engine stopped on an error") from item
+                token, done = item
+                if token >= 0:
+                    yield token
+        finally:
+            self.owner._close(self.id, done)
+
+
+async def open_loop(aengine: AsyncEngine, workload: list[dict], prompts: list[list[int]], *, sampling=None) -> dict:
+    """Send request i of ``workload`` ({"id", "arrival", "output", "kind"}) with the tokens ``prompts[i]`` at
+    its arrival time (seconds from now), asking for exactly its ``output`` tokens (``sampling(r)`` to
+    choose otherwise). Returns {"tokens": {workload id: tokens received}, "results": the finished
+    requests' metrics (``LLMEngine.results``) under their workload ids, arrivals relative to the start}.
+    The arrivals are stamped when they were due."""
+    start = aengine.engine.clock()
+    got, ids = {}, {}
+
+    async def one(i: int, r: dict):
+        await asyncio.sleep(max(0.0, start + r["arrival"] - aengine.engine.clock()))
+        sp = sampling(r) if sampling else SamplingParams(max_tokens=r["output"], ignore_eos=True)
+        stream = aengine.submit(prompts[i], sp, kind=r.get("kind", ""), arrival=start + r["arrival"])
+        ids[stream.id] = r["id"]
+        got[r["id"]] = [t async for t in stream]
+
+    await asyncio.gather(*(one(i, r) for i, r in enumerate(workload)))
+    results = [{**r, "id": ids[r["id"]], "arrival": r["arrival"] - start} for r in aengine.engine.results()
+               if r["id"] in ids]
+    return {"tokens": got, "results": sorted(results, key=lambda r: r["id"])}
