@@ -91,6 +91,7 @@ class LLMEngine:
         self._aborts: deque[int] = deque()
         self._on_token = []  # callbacks (request id, token, finished), called after each step
         self._on_step = []  # callbacks (step record, requests finished by it)
+        self._on_events = []  # callbacks ([(request id, token, finished), ...] of a step)
         # blocks a request may hold: the pool less what the runner keeps for itself
         self.usable_blocks = pool.free_count
 
@@ -103,6 +104,21 @@ class LLMEngine:
 
         pool = m.new_pool(pool_blocks(m, config), config.block_size)
         return cls(config, ModelRunner(m, pool, config, graphs=graphs), pool, vocab=m.cfg.vocab)
+
+    @classmethod
+    def from_runner(cls, runner, config: EngineConfig) -> LLMEngine:
+        """A fresh engine (empty queues, every block free) on another engine's ``ModelRunner``: its model, its
+        pool's storage and its captured graphs, with other scheduling settings. ``block_size``,
+        ``max_model_len`` and ``graph_batch_sizes`` must be the runner's."""
+        same = ("block_size", "max_model_len", "graph_batch_sizes")
+        diff = {k: (getattr(config, k), getattr(runner.config, k)) for k in same
+                if getattr(config, k) != getattr(runner.config, k)}
+        if diff:
+            raise ValueError(f"the runner was built for other settings (new, runner's): {diff}")
+        pool = KVPool(runner.pool.num_blocks, config.block_size, storage=False)
+        if pool.allocate(1) != [runner.pad_block]:  # the runner's padding block, held for good
+            raise RuntimeError("the runner's padding block is not the pool's first block")
+        return cls(config, runner, pool, vocab=runner.m.cfg.vocab)
 
     @classmethod
     def virtual(cls, config: EngineConfig, cost, *, vocab: int = 32000, num_blocks: int | None = None) -> LLMEngine:
@@ -169,6 +185,11 @@ class LLMEngine:
         """Call ``fn(record, finished requests)`` after each step (the metrics exporter does)."""
         self._on_step.append(fn)
 
+    def on_events(self, fn: Callable[[list], None]) -> None:
+        """Call ``fn(events)`` after each step with its (request id, token, finished) list, and with [(id, -1,
+        True)] when a request is aborted."""
+        self._on_events.append(fn)
+
     def on_token(self, fn: Callable[[int, int, bool], None]) -> None:
         """Call ``fn(request id, token, finished)`` for each token, after the step that made it."""
         self._on_token.append(fn)
@@ -188,6 +209,8 @@ class LLMEngine:
             self.aborted += 1
             for fn in self._on_token:
                 fn(x.id, -1, True)
+            for fn in self._on_events:
+                fn([(x.id, -1, True)])
 
     def step(self) -> list[tuple[int, int, bool]]:
         """One step (see the module): the (request id, token, finished) it produced; [] if nothing could run."""
@@ -221,6 +244,8 @@ class LLMEngine:
         for fn in self._on_token:
             for e in events:
                 fn(*e)
+        for fn in self._on_events:
+            fn(events)
         return events
 
     def next_wake(self) -> float | None:

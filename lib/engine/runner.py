@@ -34,9 +34,9 @@ import torch.nn.functional as F
 from lib import model as model_lib
 from lib.engine.config import EngineConfig
 from lib.engine.scheduler import Plan
-from lib.kernels import decode_attention as da
 from lib.kernels import sampling
 from lib.kv_pool import KVPool
+from lib.llama import _plan
 
 
 @dataclass
@@ -66,30 +66,55 @@ def pool_blocks(m: model_lib.TinyLlama, config: EngineConfig) -> int:
     return int(free * config.gpu_memory_utilization // kv_bytes_per_block(m.cfg, config.block_size, m.dtype))
 
 
+_GQA_IN_KERNEL = [True]  # whether the fused attention kernels take grouped K/V heads as they are
+
+
+def prefill_attention(q, k, v, n: int, ctx: int) -> torch.Tensor:
+    """Causal attention of a chunk's ``n`` queries q [H_q, n, d] over ``ctx`` positions k, v [H_kv, ctx, d], the
+    queries being the last ``n``. On a GPU only the flash and memory-efficient kernels are allowed: they
+    need no per-shape plan (cuDNN's attention builds one for every new sequence length, tens of
+    milliseconds, and a serving engine sees a new length at almost every prefill)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    mask = model_lib._causal_mask(n, ctx)
+    if not q.is_cuda:
+        return F.scaled_dot_product_attention(q[None], k[None], v[None], enable_gqa=True, **mask)[0]
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+        if _GQA_IN_KERNEL[0]:
+            try:
+                return F.scaled_dot_product_attention(q[None], k[None], v[None], enable_gqa=True, **mask)[0]
+            except RuntimeError:
+                _GQA_IN_KERNEL[0] = False  # these kernels want as many K/V heads as query heads
+        g = q.shape[0] // k.shape[0]
+        k, v = k.repeat_interleave(g, 0), v.repeat_interleave(g, 0)
+        return F.scaled_dot_product_attention(q[None], k[None], v[None], **mask)[0]
+
+
 @torch.no_grad()
-def forward(m: model_lib.TinyLlama, pool: KVPool, ids, pos, blk, slots, segments, decode, out_rows) -> torch.Tensor:
+def forward(m: model_lib.TinyLlama, pool: KVPool, ids, pos, blk, slots, segments, decode, out_rows,
+            plans: dict | None = None) -> torch.Tensor:
     """Logits [len(out_rows), vocab] of one step's tokens (see the module). ``ids``, ``pos``, ``blk``,
     ``slots``: each token's id, position, block and slot [T]; ``segments``: (first row, rows, page index,
     context) of each prefill chunk, its rows first; ``decode``: (first row, block table, lengths) of the
-    decode rows, which come last, or None; ``out_rows``: the rows whose logits are wanted."""
+    decode rows, which come last, or None; ``out_rows``: the rows whose logits are wanted; ``plans``: the
+    decode-attention launches planned so far, by shape (planned once per batch size, reused)."""
     c, bs = m.cfg, pool.block_size
     rows = m._slot_rows(pool, blk, slots)
     rope = m._rope_tables(pos)
     x = F.embedding(ids, m.embed)
-    plan = None
+    plan, plans = None, {} if plans is None else plans
     for li, L in enumerate(m.layers):
         q = m._attn_in(li, L, x, rope, pool, rows)
         parts = []
         for first, n, pages, ctx in segments:
             K = pool.k[li].view(-1, bs * c.head_dim).index_select(0, pages).view(c.kv_heads, -1, c.head_dim)[:, :ctx]
             V = pool.v[li].view(-1, bs * c.head_dim).index_select(0, pages).view(c.kv_heads, -1, c.head_dim)[:, :ctx]
-            att = model_lib._causal_attention(q[first:first + n].transpose(0, 1), K, V, model_lib._causal_mask(n, ctx))
-            parts.append(att.transpose(0, 1))
+            parts.append(prefill_attention(q[first:first + n].transpose(0, 1), K, V, n, ctx).transpose(0, 1))
         if decode is not None:
             first, table, lens = decode
             qd = q[first:].contiguous()
             if plan is None:
-                plan = da.DecodeAttention(qd, pool.k[li], pool.v[li], table, lens, check=False)
+                plan = _plan(plans, qd, pool.k[li], pool.v[li], table, lens)
             parts.append(plan(qd, pool.k[li], pool.v[li], table, lens))
         x = m._attn_out_and_mlp(L, x, torch.cat(parts) if len(parts) > 1 else parts[0])
     return m._norm(x[out_rows], m.norm) @ m.head
@@ -107,6 +132,7 @@ class ModelRunner:
         self.step_count = 0
         self.seed = torch.zeros(1, dtype=torch.int64, device=self.device)
         self.graphs = {}  # (batch size, mode) -> _Graph
+        self.plans = {}  # decode-attention launches of eager steps, by shape
         self.use_graphs = self.cuda if graphs is None else graphs
         if self.use_graphs and not self.cuda:
             raise ValueError("CUDA graphs need a GPU: pass graphs=False (or None) on a CPU")
@@ -175,7 +201,7 @@ class ModelRunner:
             lens = torch.tensor([x.length for x in plan.decodes], dtype=torch.int32)
             decode = (first_decode, table.to(dev), lens.to(dev))
         out = torch.tensor(out_rows, dtype=torch.long, device=dev)
-        return forward(self.m, self.pool, ids_t, pos_t, blk_t, slots_t, segs, decode, out)
+        return forward(self.m, self.pool, ids_t, pos_t, blk_t, slots_t, segs, decode, out, self.plans)
 
     def _sample(self, logits: torch.Tensor, params) -> torch.Tensor:
         """Greedy tokens for greedy requests, top-p draws for the others."""
@@ -225,6 +251,7 @@ class _Graph:
         self.runner, self.b, self.greedy = r, b, greedy
         self.host = torch.zeros(5, b, dtype=torch.float64).pin_memory()
         self.host_table = torch.full((b, r.width), r.pad_block, dtype=torch.int32).pin_memory()
+        self.rows = [None] * b
         self.tokens = torch.zeros(b, dtype=torch.long, device=dev)
         self.lens = torch.ones(b, dtype=torch.int32, device=dev)
         self.table = torch.full((b, r.width), r.pad_block, dtype=torch.int32, device=dev)
@@ -256,14 +283,25 @@ class _Graph:
         """Copy the batch's tokens, lengths, sampling parameters and block tables into the graph's inputs;
         rows past the batch decode a padding token of length 1."""
         n, h, t = len(decodes), self.host.numpy(), self.host_table.numpy()  # views of the pinned buffers
+        h[0, :n] = [x.last_token for x in decodes]
+        h[1, :n] = [x.length for x in decodes]
+        h[2, :n] = [x.params.top_p for x in decodes]
+        h[3, :n] = [x.params.temperature or 1.0 for x in decodes]
+        h[4, :n] = [0.0 if x.params.greedy else 1.0 for x in decodes]
         h[:, n:] = 1.0
         h[0, n:] = h[4, n:] = 0.0
-        t[n:] = self.runner.pad_block
+        rows = self.rows  # the (request, blocks held) each table row was last written for: rewrite what changed
         for i, x in enumerate(decodes):
-            blocks, p = x.lease.blocks, x.params
-            h[:, i] = (x.last_token, x.length, p.top_p, p.temperature or 1.0, 0.0 if p.greedy else 1.0)
-            t[i, : len(blocks)] = blocks
-            t[i, len(blocks):] = self.runner.pad_block
+            blocks = x.lease.blocks
+            key = (x.id, x.preemptions, len(blocks))  # a pre-empted request comes back with other blocks
+            if rows[i] != key:
+                t[i, : len(blocks)] = blocks
+                t[i, len(blocks):] = self.runner.pad_block
+                rows[i] = key
+        for i in range(n, self.b):
+            if rows[i] is not None:
+                t[i] = self.runner.pad_block
+                rows[i] = None
         dev = self.tokens.device
         hd = self.host.to(dev, non_blocking=True)
         self.tokens.copy_(hd[0])

@@ -32,7 +32,7 @@ class AsyncEngine:
         self._wake: asyncio.Event | None = None
         self._stop = False
         self.error: BaseException | None = None
-        engine.on_token(self._from_worker)
+        engine.on_events(self._from_worker)
 
     async def __aenter__(self) -> AsyncEngine:
         self._loop = asyncio.get_running_loop()
@@ -62,13 +62,14 @@ class AsyncEngine:
             if not made and not e.scheduler.running:
                 await asyncio.sleep(0.0005)  # queues held by a batching window: look again shortly
 
-    def _from_worker(self, rid: int, token: int, finished: bool) -> None:
-        self._loop.call_soon_threadsafe(self._deliver, rid, token, finished)
+    def _from_worker(self, events: list) -> None:
+        self._loop.call_soon_threadsafe(self._deliver, events)  # one wake-up of the loop per step
 
-    def _deliver(self, rid: int, token: int, finished: bool) -> None:
-        q = self._streams.get(rid)
-        if q is not None:
-            q.put_nowait((token, finished))
+    def _deliver(self, events: list) -> None:
+        for rid, token, finished in events:
+            q = self._streams.get(rid)
+            if q is not None:
+                q.put_nowait((token, finished))
 
     def submit(self, prompt, sampling: SamplingParams | None = None, *, kind: str = "",
                arrival: float | None = None) -> Stream:
@@ -118,8 +119,9 @@ async def open_loop(aengine: AsyncEngine, workload: list[dict], prompts: list[li
     """Send request i of ``workload`` ({"id", "arrival", "output", "kind"}) with the tokens ``prompts[i]`` at
     its arrival time (seconds from now), asking for exactly its ``output`` tokens (``sampling(r)`` to
     choose otherwise). Returns {"tokens": {workload id: tokens received}, "results": the finished
-    requests' metrics (``LLMEngine.results``) under their workload ids, arrivals relative to the start}.
-    The arrivals are stamped when they were due."""
+    requests' metrics (``LLMEngine.results``) under their workload ids, arrivals relative to the start,
+    "start": the start on the engine's clock, "ids": {engine request id: workload id}}. The arrivals are
+    stamped when they were due."""
     start = aengine.engine.clock()
     got, ids = {}, {}
 
@@ -133,4 +135,4 @@ async def open_loop(aengine: AsyncEngine, workload: list[dict], prompts: list[li
     await asyncio.gather(*(one(i, r) for i, r in enumerate(workload)))
     results = [{**r, "id": ids[r["id"]], "arrival": r["arrival"] - start} for r in aengine.engine.results()
                if r["id"] in ids]
-    return {"tokens": got, "results": sorted(results, key=lambda r: r["id"])}
+    return {"tokens": got, "results": sorted(results, key=lambda r: r["id"]), "start": start, "ids": ids}

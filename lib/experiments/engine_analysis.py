@@ -1,0 +1,171 @@
+"""Chapter 8's analysis of what ``lib.experiments.serving_engine`` measured: the engine's cost model fitted
+to its calibration steps, the offline run against chapter 7's step, host time, the incident, the latency
+decomposition, and chapter 6's simulator run on the same workloads and compared request percentile by
+percentile. Everything here reads stored data (it measures nothing), so it runs on a replay too.
+
+Chapters: 8.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pandas as pd
+
+from lib import serving, workloads
+from lib.diagrams.timeline import Timeline
+from lib.engine import cost
+from lib.engine.metrics import decomposition, goodput, summary
+from lib.experiments import serving_engine as se
+
+RUNS = ("light", "near", "before", "after", "fix")  # the open-loop runs, chat-only then the incident's
+
+
+def requests(run: dict) -> list[dict]:
+    """A run's per-request metrics, a value stored as None (it does not exist: the TPOT of a one-token
+    request) read back as NaN, which the percentiles leave out."""
+    return [{k: float("nan") if v is None else v for k, v in r.items()} for r in run["requests"]]
+
+
+def steps(run: dict, keys) -> pd.DataFrame:
+    """A run's step records, one row per step, with its wall time (s) and kind: "decode" (a CUDA-graph
+    decode step) or "prefill" (an eager step that prefills, decodes riding along)."""
+    d = pd.DataFrame(run["steps"], columns=list(keys)).astype({"gpu_s": float})
+    d["wall_s"] = d["end"] - d["start"]
+    d["kind"] = ["prefill" if p else "decode" for p in d["prefill_tokens"]]
+    return d
+
+
+def fitted(data: dict) -> tuple[cost.EngineCostModel, pd.DataFrame]:
+    """The engine's cost model fitted to its calibration steps, and the points with the model's prediction."""
+    from lib.engine import EngineConfig
+
+    cm = cost.fit(data["cal_points"], EngineConfig().graph_batch_sizes)
+    pts = pd.DataFrame(data["cal_points"])
+
+    def predict(r):
+        if r["kind"] == "decode":
+            return cm.step(r["B"], 0.0, r["B"] * r["ctx"])
+        return cm.step(r["new"], cost.work(r["new"], r["ctx"]), 0)
+
+    pts["measured (ms)"] = pts["seconds"] * 1e3
+    pts["model (ms)"] = [predict(r) * 1e3 for _, r in pts.iterrows()]
+    pts["model / measured"] = pts["model (ms)"] / pts["measured (ms)"]
+    return cm, pts.drop(columns=["seconds"])
+
+
+def offline(data: dict, params: dict) -> dict:
+    """The offline run: output tokens/s, what chapter 7's step predicts for the same steps (its prefill steps
+    as measured, each decode step at the fused step's GPU time alone), and the host over GPU time of its
+    decode steps at the full batch."""
+    o, keys = data["offline"], data["step_keys"]
+    st = steps(o, keys)
+    tokens = sum(r["tokens"] for r in requests(o))
+    dec = st[st["kind"] == "decode"]
+    ch7 = data["ch7_step"]["gpu_s"] or data["ch7_step"]["call_s"]  # a CPU has no GPU time: its call time
+    predicted_s = st[st["kind"] == "prefill"]["wall_s"].sum() + len(dec) * ch7
+    full = dec[dec["decode_tokens"] == params["offline"]["max_num_seqs"]]
+    return {"tokens_per_s": tokens / o["span_s"], "predicted_tokens_per_s": tokens / predicted_s,
+            "over_predicted": predicted_s / o["span_s"], "steps": len(st), "decode_steps": len(dec),
+            "full_batch_steps": len(full), "host_over_gpu": float((full["host_s"] / full["gpu_s"]).median()),
+            "host_ms": float(full["host_s"].median() * 1e3), "gpu_ms": float(full["gpu_s"].median() * 1e3),
+            "wall_ms": float(full["wall_s"].median() * 1e3), "ch7_gpu_ms": ch7 * 1e3,
+            "ch7_call_ms": data["ch7_step"]["call_s"] * 1e3}
+
+
+def run_of(data: dict, name: str) -> dict:
+    """An open-loop run by name: "light", "near" (chat only) or an incident configuration (its production run)."""
+    return data["chat_runs"][name] if name in data["chat_runs"] else data["incident"][name]["prod"]
+
+
+def workload_of(data: dict, params: dict, name: str) -> tuple[list[dict], object]:
+    """The requests an open-loop run sent (regenerated from the seeds, as ``measure`` drew them) and the
+    engine settings it ran with."""
+    mix, chat = se.mixes(params)
+    if name in data["chat_runs"]:
+        rate, spec = data["chat_runs"][name]["rate"], params["chat_rates"][name]
+        return (workloads.requests(se.requests_for(rate, spec), rate, mix=chat, seed=params["seed"] + 6),
+                se.base_config(params))
+    rate = data["prod_rate"]
+    return (workloads.requests(se.requests_for(rate, params["incident"]), rate, mix=mix, seed=params["seed"] + 3),
+            se.configs(params)[name])
+
+
+def incident(data: dict, slo_ttft: float, slo_tpot: float) -> tuple[pd.DataFrame, dict]:
+    """Each incident configuration: benchmark tokens/s (every request at once), production tokens/s, goodput
+    and chat and document latency percentiles at the production rate; and the four numbers the incident
+    is judged by."""
+    rows = []
+    for name, runs in data["incident"].items():
+        bench, prod = requests(runs["bench"]), requests(runs["prod"])
+        sc, sd = summary(prod, "chat"), summary(prod, "doc")
+        rows.append({"config": name, "benchmark tokens/s": summary(bench)["tokens_per_s"],
+                     "production tokens/s": summary(prod)["tokens_per_s"],
+                     "goodput tokens/s": goodput(prod, slo_ttft, slo_tpot),
+                     "chat TTFT p50 (ms)": sc["ttft_p50"] * 1e3, "chat TTFT p95 (ms)": sc["ttft_p95"] * 1e3,
+                     "doc TTFT p95 (ms)": sd["ttft_p95"] * 1e3 if sd else float("nan"),
+                     "chat TPOT p95 (ms)": sc["tpot_p95"] * 1e3, "chat ITL p99 (ms)": sc["itl_p99"] * 1e3,
+                     "pre-empted": sum(r["preemptions"] for r in prod)})
+    t = pd.DataFrame(rows).set_index("config")
+    b, a, f = (t.loc[k] for k in ("before", "after", "fix"))
+    gain = a["benchmark tokens/s"] / b["benchmark tokens/s"] - 1
+    fix_gain = f["benchmark tokens/s"] / b["benchmark tokens/s"] - 1
+    return t, {"tps_gain": gain, "ttft_p95_ratio": a["chat TTFT p95 (ms)"] / b["chat TTFT p95 (ms)"],
+               "fix_ttft_p95_ratio": f["chat TTFT p95 (ms)"] / b["chat TTFT p95 (ms)"],
+               "fix_tps_kept": fix_gain / gain if gain else float("nan"), "fix_tps_gain": fix_gain}
+
+
+def decompositions(data: dict) -> pd.DataFrame:
+    """Where chat TTFT goes in each open-loop run: time queued, in prefill steps, and the rest, at the median
+    and the 95th percentile of each stage (ms)."""
+    rows = []
+    for name in RUNS:
+        res = requests(run_of(data, name))
+        for q in (50, 95):
+            d = decomposition(res, "chat", q)
+            rows.append({"run": name, "percentile": q, **{f"{k} (ms)": v * 1e3 for k, v in d.items()}})
+    return pd.DataFrame(rows).set_index(["run", "percentile"])
+
+
+def sim_vs_engine(data: dict, params: dict, cm) -> pd.DataFrame:
+    """Chapter 6's simulator with the engine's fitted costs on each open-loop run's workload and settings:
+    TTFT and TPOT at P50 and P95 over all requests, simulated against measured, and their ratio."""
+    rows = []
+    for name in RUNS:
+        reqs, config = workload_of(data, params, name)
+        sim = serving.summary(serving.simulate(reqs, cm, config.as_policy()))
+        meas = serving.summary(requests(run_of(data, name)))
+        for m in ("ttft", "tpot"):
+            for q in (50, 95):
+                k = f"{m}_p{q}"
+                rows.append({"run": name, "metric": f"{m.upper()} P{q}", "measured (ms)": meas[k] * 1e3,
+                             "simulated (ms)": sim[k] * 1e3, "simulated / measured": sim[k] / meas[k]})
+    return pd.DataFrame(rows).set_index(["run", "metric"])
+
+
+def step_costs(data: dict, cm) -> pd.DataFrame:
+    """Every open-loop run's steps by kind and number of prefilled requests: median wall time against the
+    cost model's prediction for the same step."""
+    rows = []
+    keys = data["step_keys"]
+    for name in RUNS:
+        st = steps(run_of(data, name), keys)
+        st["prefills"] = st["batch"] - st["decode_tokens"]
+        st["model_s"] = [cm.step(r.prefill_tokens + r.decode_tokens, r.prefill_work, r.decode_kv + r.decode_tokens)
+                         for r in st.itertuples()]
+        for (kind, n), g in st.groupby(["kind", "prefills"]):
+            rows.append({"run": name, "step": kind, "requests prefilled": n, "steps": len(g),
+                         "measured (ms)": g["wall_s"].median() * 1e3, "model (ms)": g["model_s"].median() * 1e3,
+                         "host (ms)": g["host_s"].median() * 1e3})
+    return pd.DataFrame(rows)
+
+
+def timeline(data: dict) -> Timeline:
+    """The chat request kept from the incident's "before" run, as a ``lib.diagrams.timeline.Timeline``."""
+    t = data["incident"]["before"]["prod"]["timeline"]
+    return Timeline(t["id"], t["arrival"], t["admitted"], tuple(tuple(s) for s in t["prefill_steps"]),
+                    tuple(t["token_times"]))
+
+
+def median_abs_err(frame: pd.DataFrame) -> float:
+    return statistics.median(abs(v - 1) for v in frame["simulated / measured"])
