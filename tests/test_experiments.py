@@ -8,11 +8,21 @@ import json
 import pytest
 
 from lib.bench import results
-from lib.experiments import batching, decode_step, grouped_gemm, kv_cache, machine, matrix_shapes, prefix_caching, roofline
+from lib.experiments import (
+    batching,
+    decode_step,
+    grouped_gemm,
+    kv_cache,
+    machine,
+    matrix_shapes,
+    prefix_caching,
+    roofline,
+    serving_engine,
+)
 
 EXPERIMENTS = {"00-the-machine": machine, "01-matrix-shapes": matrix_shapes, "02-roofline": roofline,
                "03-kv-cache": kv_cache, "04-grouped-gemm": grouped_gemm, "05-prefix-caching": prefix_caching,
-               "06-batching": batching, "07-decode-step": decode_step}
+               "06-batching": batching, "07-decode-step": decode_step, "08-serving-engine": serving_engine}
 
 
 @pytest.mark.parametrize("notebook", sorted(EXPERIMENTS))

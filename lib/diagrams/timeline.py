@@ -108,7 +108,7 @@ _BANDS = {"queue": ("0.75", None), "prefill": ("C1", None), "decode": ("C0", Non
           "post": ("white", "//"), "network": ("white", "xx")}
 
 
-def _draw(ax, tl: Timeline, post_s: float, network_s: float, t_max_ms: float, zoom: bool) -> None:
+def _draw(ax, tl: Timeline, post_s: float, network_s: float, t_max_ms: float, zoom: bool, outside: str) -> None:
     ms = 1e3
     t0 = tl.arrival
     h = 0.6  # the bands span -h/2 .. h/2
@@ -135,8 +135,8 @@ def _draw(ax, tl: Timeline, post_s: float, network_s: float, t_max_ms: float, zo
         band(start, stop, "prefill", "prefill steps" if i == 0 else None,
              r"$T_\mathrm{prefill}$" if zoom and i == 0 else None)
     band(tl.first_token, end, "decode", "decoding", None if zoom else r"$T_\mathrm{decode}$")
-    band(end, end + post_s, "post", "post-processing (not simulated)", None if zoom else r"$T_\mathrm{post}$")
-    band(end + post_s, end + post_s + network_s, "network", "network (not simulated)",
+    band(end, end + post_s, "post", f"post-processing ({outside})", None if zoom else r"$T_\mathrm{post}$")
+    band(end + post_s, end + post_s + network_s, "network", f"network ({outside})",
          None if zoom else r"$T_\mathrm{network}$")
     ax.vlines([x(t) for t in tl.token_times], -h / 2 - 0.15, -h / 2, color="k", lw=0.7)
     if zoom:
@@ -156,11 +156,13 @@ def _draw(ax, tl: Timeline, post_s: float, network_s: float, t_max_ms: float, zo
     ax.grid(False, axis="y")
 
 
-def latency_figure(tl: Timeline, *, post_s: float, network_s: float, zoom_tokens: int = 4):
+def latency_figure(tl: Timeline, *, post_s: float, network_s: float, zoom_tokens: int = 4,
+                   run: str = "the simulated run", outside: str = "not simulated"):
     """The request's timeline, two rows sharing nothing but the style: above, the whole request with
     post-processing and network after its last token (bands ``post_s`` and ``network_s`` seconds wide,
-    hatched: the simulator does not model them) and T_total over all; below, its start enlarged to the
-    first ``zoom_tokens`` tokens, with TTFT and one TPOT gap marked. Times in ms from arrival."""
+    hatched and labelled ``outside``: the simulator does not model them) and T_total over all; below, its
+    start enlarged to the first ``zoom_tokens`` tokens, with TTFT and one TPOT gap marked. Times in ms from
+    arrival; ``run`` names where the request comes from in the title."""
     for name, v in (("post_s", post_s), ("network_s", network_s)):
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
             raise ValueError(f"{name} must be a positive number of seconds (the band's drawn width), got {v!r}")
@@ -170,10 +172,10 @@ def latency_figure(tl: Timeline, *, post_s: float, network_s: float, zoom_tokens
     plt = plots.plt
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(plots.WIDTH_IN, 5.6))
     total_ms = (tl.last_token + post_s + network_s - tl.arrival) * 1e3
-    _draw(top, tl, post_s, network_s, total_ms * 1.02, zoom=False)
+    _draw(top, tl, post_s, network_s, total_ms * 1.02, zoom=False, outside=outside)
     shown = tl.token_times[min(zoom_tokens, len(tl.token_times)) - 1]
-    _draw(bottom, tl, post_s, network_s, (shown - tl.arrival) * 1e3 * 1.08, zoom=True)
-    top.set_title(f"One request's latency: request {tl.id} of the simulated run", fontsize=11)
+    _draw(bottom, tl, post_s, network_s, (shown - tl.arrival) * 1e3 * 1.08, zoom=True, outside=outside)
+    top.set_title(f"One request's latency: request {tl.id} of {run}", fontsize=11)
     bottom.set_title(f"its start enlarged: up to token {min(zoom_tokens, len(tl.token_times))}", fontsize=10)
     bottom.set_xlabel("time since the request arrived (ms)")
     top.set_xlabel("time since the request arrived (ms)")

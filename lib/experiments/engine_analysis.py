@@ -13,7 +13,6 @@ import statistics
 import pandas as pd
 
 from lib import serving, workloads
-from lib.diagrams.timeline import Timeline
 from lib.engine import cost
 from lib.engine.metrics import decomposition, goodput, summary
 from lib.experiments import serving_engine as se
@@ -160,11 +159,12 @@ def step_costs(data: dict, cm) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def timeline(data: dict) -> Timeline:
-    """The chat request kept from the incident's "before" run, as a ``lib.diagrams.timeline.Timeline``."""
+def timeline(data: dict) -> dict:
+    """The chat request kept from the incident's "before" run: the fields of a
+    ``lib.diagrams.timeline.Timeline`` (id, arrival, admitted, prefill_steps, token_times)."""
     t = data["incident"]["before"]["prod"]["timeline"]
-    return Timeline(t["id"], t["arrival"], t["admitted"], tuple(tuple(s) for s in t["prefill_steps"]),
-                    tuple(t["token_times"]))
+    return {"id": t["id"], "arrival": t["arrival"], "admitted": t["admitted"],
+            "prefill_steps": tuple(tuple(s) for s in t["prefill_steps"]), "token_times": tuple(t["token_times"])}
 
 
 def median_abs_err(frame: pd.DataFrame) -> float:

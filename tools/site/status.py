@@ -69,6 +69,12 @@ HEADLINES = [
      "that step's GPU time / its floor (weights and K/V bytes over chapter 0's read rate)", "x"),
     ("07-decode-step", "step_over_floor_b64",
      "decode step of Llama-3-8B's shapes, batch 64, 4096-token contexts, fused, in a CUDA graph: GPU time / floor", "x"),
+    ("08-serving-engine", "offline_tps_over_predicted",
+     "the book's engine, Llama-3-8B's shapes, every request at once: output tokens/s over what chapter 7's step "
+     "predicts", "-"),
+    ("08-serving-engine", "sim_vs_engine_tpot_p95_err_max",
+     "chapter 6's simulator with the engine's fitted step costs: largest |simulated / measured - 1| of TPOT P95 "
+     "over five open-loop runs", "-"),
 ]
 
 
