@@ -50,7 +50,10 @@ def test_notebook_structure(path):
     ignored = [c for c in code if "nbval-ignore-output" in tags(c) and c not in timing_cells]
     assert len(ignored) == 1 and "measure" in tags(ignored[0]), "only the measuring cell escapes nbval"
     assert "measure_or_replay" in ignored[0].source
-    assert any("measure" in tags(c) for c in code if c is not ignored[0]), "the experiment's code is tagged 'measure'"
+    # the experiment's code in the notebook is tagged 'measure' (so that its fingerprint covers it); a notebook
+    # whose run cell hands the experiment module's own measure to the run defines none of it
+    own = re.search(r"measure_or_replay\([^()]*\([^()]*\),\s*\w+\.measure\)", ignored[0].source)
+    assert own or any("measure" in tags(c) for c in code if c is not ignored[0]), "the experiment's code is tagged 'measure'"
     assert "claims.report()" in code[-1].source, "a notebook ends with its claims"
     assert all(c.execution_count is not None for c in code), "committed with outputs: run `make notebooks`"
     text = json.dumps(nb)
