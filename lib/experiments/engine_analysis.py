@@ -103,8 +103,7 @@ def incident(data: dict, slo_ttft: float, slo_tpot: float) -> tuple[pd.DataFrame
                      "goodput tokens/s": goodput(prod, slo_ttft, slo_tpot),
                      "chat TTFT p50 (ms)": sc["ttft_p50"] * 1e3, "chat TTFT p95 (ms)": sc["ttft_p95"] * 1e3,
                      "doc TTFT p95 (ms)": sd["ttft_p95"] * 1e3 if sd else float("nan"),
-                     "chat TPOT p95 (ms)": sc["tpot_p95"] * 1e3, "chat ITL p99 (ms)": sc["itl_p99"] * 1e3,
-                     "pre-empted": sum(r["preemptions"] for r in prod)})
+                     "chat TPOT p95 (ms)": sc["tpot_p95"] * 1e3, "pre-empted": sum(r["preemptions"] for r in prod)})
     t = pd.DataFrame(rows).set_index("config")
     b, a, f = (t.loc[k] for k in ("before", "after", "fix"))
     gain = a["benchmark tokens/s"] / b["benchmark tokens/s"] - 1
