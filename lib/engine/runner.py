@@ -151,6 +151,8 @@ class ModelRunner:
             end.record()
         t = time.perf_counter()
         out = tokens.tolist()
+        if end is not None:
+            end.synchronize()  # the copy above waited for the stream, not necessarily for the event
         wait = time.perf_counter() - t
         return StepResult(out, start.elapsed_time(end) / 1e3 if end is not None else float("nan"), wait, False)
 
@@ -228,6 +230,7 @@ class ModelRunner:
         end.record()
         t = time.perf_counter()
         out = g.out[: len(decodes)].tolist()
+        end.synchronize()
         wait = time.perf_counter() - t
         return StepResult(out, start.elapsed_time(end) / 1e3, wait, True)
 

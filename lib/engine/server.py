@@ -1,10 +1,12 @@
 """The engine's asyncio front end: requests arrive in real time, each gets a stream of tokens.
 
-``AsyncEngine`` runs ``LLMEngine.step`` in a worker thread, one step after another while any request is
-unfinished, so the event loop stays free to take new requests while the GPU works. ``generate`` adds a
-request and yields its tokens as the steps produce them; a client that stops reading (a closed
-connection) aborts its request, and its blocks return to the pool at the next step. Tokens cross from
-the worker thread to the loop with ``call_soon_threadsafe``.
+``AsyncEngine`` runs ``LLMEngine.step`` in the event loop's own thread, one step after another while any
+request is unfinished, and lets the loop run between two steps: requests that arrived during a step are
+taken in then, and the step's tokens are handed to their streams then (a step joins new requests only at
+its start anyway). Running the step in a second thread would let the two threads fight over Python's
+interpreter lock: the loop's work on the streams then lengthens every step. ``generate`` adds a request
+and yields its tokens as the steps produce them; a client that stops reading (a closed connection)
+aborts its request, and its blocks return to the pool at the next step.
 
 ``open_loop`` is a benchmark client: it sends each request of a workload at its arrival time, whatever
 the engine is doing (open loop: a slow engine does not slow the arrivals), and stamps each request's
@@ -32,7 +34,7 @@ class AsyncEngine:
         self._wake: asyncio.Event | None = None
         self._stop = False
         self.error: BaseException | None = None
-        engine.on_events(self._from_worker)
+        engine.on_events(self._deliver)
 
     async def __aenter__(self) -> AsyncEngine:
         self._loop = asyncio.get_running_loop()
@@ -53,17 +55,15 @@ class AsyncEngine:
                 self._wake.clear()
                 continue
             try:
-                made = await asyncio.to_thread(e.step)
+                made = e.step()
             except BaseException as err:  # a failed step ends every stream with the error, never silently
                 self.error = err
                 for q in self._streams.values():
                     q.put_nowait(err)
                 raise
-            if not made and not e.scheduler.running:
-                await asyncio.sleep(0.0005)  # queues held by a batching window: look again shortly
-
-    def _from_worker(self, events: list) -> None:
-        self._loop.call_soon_threadsafe(self._deliver, events)  # one wake-up of the loop per step
+            # let the loop run: new requests, the streams' tokens; if nothing ran (queues held by a batching
+            # window), look again shortly
+            await asyncio.sleep(0 if made or e.scheduler.running else 0.0005)
 
     def _deliver(self, events: list) -> None:
         for rid, token, finished in events:

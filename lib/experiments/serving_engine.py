@@ -7,7 +7,8 @@ captured), then:
 
 1. **calibrates** the engine's cost model on its own steps (``calibrate``): a prefill of M tokens alone
    ("stack"), a prefill of M tokens after ``ctx`` cached ones ("context"), decode-only steps of B
-   requests of ``ctx`` tokens ("decode"); each point the median wall time of ``reps`` engine steps;
+   requests of ``ctx`` tokens ("decode"); each point the median wall time of ``reps`` engine steps (the
+   prefills one token longer each time, so that every one meets a new shape, as in service);
 2. times **chapter 7's fused step** alone at the offline run's batch and mean context (CUDA-graph replay,
    GPU time), what the offline run's decode steps are compared with;
 3. runs the **offline** workload (every request at once, fixed lengths), recording every step;
@@ -63,8 +64,8 @@ def sweep(size: str) -> dict:
                         "decode": {"B": [1, 8, 32, 64], "ctx": [512, 2048]}},
                 "offline": {"n": 256, "input": 512, "output": 256, "max_num_seqs": 64},
                 "incident": {"n_bench": 128, "prod_load": 0.3, "span_s": 40.0, "n_max": 200},
-                "chat_rates": {"light": {"load": 0.3, "span_s": 25.0, "n_max": 200},
-                               "near": {"load": 0.8, "span_s": 20.0, "n_max": 400}}}
+                "chat_rates": {"light": {"load": 0.3, "span_s": 20.0, "n_max": 200},
+                               "near": {"load": 0.8, "span_s": 15.0, "n_max": 400}}}
     if size == "smoke":
         return {"config": "tiny", "dtype": "float32", "block": 4, "max_model_len": 256, "kv_gib": 0.01, "seed": 0,
                 "reps": 2,
@@ -189,32 +190,35 @@ def calibrate(runner, params: dict) -> list[dict]:
     c, vocab, reps = params["cal"], runner.m.cfg.vocab, params["reps"]
     rng = np.random.default_rng(params["seed"] + 7)
     cfg = EngineConfig(block_size=params["block"], max_model_len=params["max_model_len"],
-                       max_num_seqs=max(c["decode"]["B"]), max_num_batched_tokens=max(c["stack"] + c["context"]["ctx"]))
+                       max_num_seqs=max(c["decode"]["B"]), max_num_batched_tokens=max(c["stack"] + c["context"]["ctx"]) + reps)
 
     def prefill_time(prompt, cached: int) -> float:
+        """Median over ``reps`` prefills, each one token longer than the last: a serving engine sees a new
+        length at almost every prefill, and a new shape costs host work (library heuristics) a repeated one
+        does not."""
         times = []
-        for _ in range(reps):
+        for r in range(reps):
             e = LLMEngine.from_runner(runner, cfg)
             if cached:
                 e.add_request(prompt[:cached], SamplingParams(max_tokens=1))
                 e.run()
-            e.add_request(prompt, SamplingParams(max_tokens=1))
+            e.add_request(prompt[: len(prompt) - reps + 1 + r], SamplingParams(max_tokens=1))
             e.step()
             s = e.steps[-1]
-            if s["prefill_tokens"] != len(prompt) - cached:
+            if s["prefill_tokens"] != len(prompt) - reps + 1 + r - cached:
                 raise RuntimeError(f"a calibration prefill computed {s['prefill_tokens']} tokens, expected "
-                                   f"{len(prompt) - cached}: the prefix cache did not hold the context")
+                                   f"{len(prompt) - reps + 1 + r - cached}: the prefix cache did not hold the context")
             times.append(s["end"] - s["start"])
         return statistics.median(times)
 
     points = []
     for M in c["stack"]:
         points.append({"kind": "stack", "new": M, "ctx": 0, "B": 1,
-                       "seconds": prefill_time(rng.integers(0, vocab, M).tolist(), 0)})
+                       "seconds": prefill_time(rng.integers(0, vocab, M + reps - 1).tolist(), 0)})
     for ctx in c["context"]["ctx"]:
         for new in c["context"]["new"]:
             points.append({"kind": "context", "new": new, "ctx": ctx, "B": 1,
-                           "seconds": prefill_time(rng.integers(0, vocab, ctx + new).tolist(), ctx)})
+                           "seconds": prefill_time(rng.integers(0, vocab, ctx + new + reps - 1).tolist(), ctx)})
     for B in c["decode"]["B"]:
         for ctx in c["decode"]["ctx"]:
             e = LLMEngine.from_runner(runner, cfg)
