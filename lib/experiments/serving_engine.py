@@ -18,6 +18,9 @@ captured), then:
    production rate (``open_loop``: Poisson arrivals in real time through the asyncio front end);
 5. runs chat-only workloads open loop at a light and a near-capacity rate.
 
+It does all but the incident on a second, smaller configuration first (``params["small"]``, laid over the
+main parameters: chapter 6's 1B model on a GPU), whose steps are shorter, so the host's share is larger.
+
 Rates are fractions of a capacity the simulator computes from the calibrated costs (requests/s at which
 a configuration's queue would grow without bound); an open-loop run sends the requests that arrive in a
 fixed span at its rate, within fixed bounds (``requests_for``), so that no measured cost can make a run
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import statistics
 
 import numpy as np
@@ -47,7 +51,8 @@ from lib.engine.server import AsyncEngine, open_loop
 from lib.experiments import require
 
 PARAMS = ("config", "dtype", "block", "max_model_len", "kv_gib", "seed", "cal", "offline", "incident", "chat_rates",
-          "reps")
+          "reps", "small")
+CONFIGS = {**model_lib.CONFIGS, **llama.CONFIGS}  # "8b" and "tiny" (chapter 7), "1b" (chapters 5 and 6)
 MIX = (("chat", workloads.CHAT, 0.85), ("doc", workloads.LONG_DOC, 0.15))
 CHAT_ONLY = (("chat", workloads.CHAT, 1.0),)
 STEP_KEYS = ("start", "end", "batch", "prefill_tokens", "decode_tokens", "decode_kv", "prefill_work", "kv_blocks",
@@ -65,7 +70,10 @@ def sweep(size: str) -> dict:
                 "offline": {"n": 256, "input": 512, "output": 256, "max_num_seqs": 64},
                 "incident": {"n_bench": 128, "prod_load": 0.3, "span_s": 40.0, "n_max": 200},
                 "chat_rates": {"light": {"load": 0.3, "span_s": 20.0, "n_max": 200},
-                               "near": {"load": 0.8, "span_s": 15.0, "n_max": 400}}}
+                               "near": {"load": 0.8, "span_s": 15.0, "n_max": 400}},
+                "small": {"config": "1b", "kv_gib": 16,
+                          "chat_rates": {"light": {"load": 0.3, "span_s": 12.0, "n_max": 300},
+                                         "near": {"load": 0.8, "span_s": 10.0, "n_max": 500}}}}
     if size == "smoke":
         return {"config": "tiny", "dtype": "float32", "block": 4, "max_model_len": 256, "kv_gib": 0.01, "seed": 0,
                 "reps": 2,
@@ -73,7 +81,8 @@ def sweep(size: str) -> dict:
                 "offline": {"n": 4, "input": 6, "output": 3, "max_num_seqs": 4},
                 "incident": {"n_bench": 4, "prod_rate": 40.0, "span_s": 0.1, "n_max": 4},
                 "chat_rates": {"light": {"rate": 40.0, "span_s": 0.1, "n_max": 3},
-                               "near": {"rate": 80.0, "span_s": 0.05, "n_max": 4}}}
+                               "near": {"rate": 80.0, "span_s": 0.05, "n_max": 4}},
+                "small": {"kv_gib": 0.005, "chat_rates": {"light": {"rate": 40.0, "span_s": 0.05, "n_max": 2}}}}
     raise ValueError(f"size must be 'full' or 'smoke', got {size!r}")
 
 
@@ -266,27 +275,31 @@ def capacity(cm, config: EngineConfig, mix, n: int, seed: int = 0) -> float:
     return tps / (sum(r["output"] for r in reqs) / n)
 
 
-def measure(params: dict, device: str) -> dict:
-    """Everything the module lists, on ``device`` ("cuda" or "cpu")."""
+def _build(p: dict, device: str):
+    """The model of ``p["config"]`` with random weights, its KV pool and one engine runner (decode graphs
+    captured on a GPU)."""
     from lib.engine.runner import ModelRunner, kv_bytes_per_block
 
-    if device not in ("cuda", "cpu"):
-        raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
-    require(params, PARAMS)
-    p = params
-    cfg_m = llama.CONFIGS[p["config"]]
+    cfg_m = CONFIGS[p["config"]]
     dtype = getattr(torch, p["dtype"])
     if device == "cuda":
         m = llama.random_model(cfg_m, seed=p["seed"], dtype=dtype, device=device)
     else:
         m = model_lib.TinyLlama(cfg_m, seed=p["seed"], dtype=dtype, device=device)
     base = base_config(p)
-    per_block = kv_bytes_per_block(cfg_m, p["block"], dtype)
-    pool = m.new_pool(int(p["kv_gib"] * 2 ** 30 // per_block), p["block"])
+    pool = m.new_pool(int(p["kv_gib"] * 2 ** 30 // kv_bytes_per_block(cfg_m, p["block"], dtype)), p["block"])
     runner = ModelRunner(m, pool, base)
-    mix, chat = mixes(p)
     if device == "cuda":
         runner.capture([b for b in base.graph_batch_sizes if b <= max(base.max_num_seqs, 64)])
+    return m, pool, runner
+
+
+def measure_config(p: dict, device: str, *, incident: bool) -> dict:
+    """One configuration: calibration, chapter 7's step alone, the offline run, the incident (if asked) and
+    the chat-only open-loop runs (see the module)."""
+    m, pool, runner = _build(p, device)
+    cfg_m, base = m.cfg, base_config(p)
+    mix, chat = mixes(p)
     points = calibrate(runner, p)
     cm = cost.fit(points, base.graph_batch_sizes)
     o = p["offline"]
@@ -294,25 +307,48 @@ def measure(params: dict, device: str) -> dict:
     mean_ctx = o["input"] + o["output"] // 2
     ch7 = fused_step_time(m, pool, o["max_num_seqs"], mean_ctx, p["block"], device, p["reps"])
     offline = run_offline(runner, base, off_reqs, prompts_for(off_reqs, cfg_m.vocab, p["seed"] + 1))
-    inc, n_cap = p["incident"], 1000 if device == "cuda" else 20
-    cfgs = configs(p)
-    cap_before = capacity(cm, cfgs["before"], mix, n_cap)
-    prod_rate = inc.get("prod_rate") or inc["prod_load"] * cap_before
-    bench_reqs = workloads.requests(inc["n_bench"], 1e6, mix=mix, seed=p["seed"] + 2)
-    prod_reqs = workloads.requests(requests_for(prod_rate, inc), prod_rate, mix=mix, seed=p["seed"] + 3)
-    incident = {}
-    for name, c in cfgs.items():
-        incident[name] = {
-            "bench": run_offline(runner, c, [{**r, "arrival": 0.0} for r in bench_reqs],
-                                 prompts_for(bench_reqs, cfg_m.vocab, p["seed"] + 4)),
-            "prod": run_open_loop(runner, c, prod_reqs, prompts_for(prod_reqs, cfg_m.vocab, p["seed"] + 5),
-                                  keep_timeline=name == "before")}
-    cap_chat = capacity(cm, base, chat, n_cap)
-    chat_runs = {}
+    n_cap = 1000 if device == "cuda" else 20
+    out = {"params_count": cfg_m.params(), "pool_blocks": pool.num_blocks, "cal_points": points, "ch7_step": ch7,
+           "offline": offline, "step_keys": list(STEP_KEYS)}
+    if incident:
+        inc, cfgs = p["incident"], configs(p)
+        cap_before = capacity(cm, cfgs["before"], mix, n_cap)
+        prod_rate = inc.get("prod_rate") or inc["prod_load"] * cap_before
+        bench_reqs = workloads.requests(inc["n_bench"], 1e6, mix=mix, seed=p["seed"] + 2)
+        prod_reqs = workloads.requests(requests_for(prod_rate, inc), prod_rate, mix=mix, seed=p["seed"] + 3)
+        out["incident"] = {}
+        for name, c in cfgs.items():
+            out["incident"][name] = {
+                "bench": run_offline(runner, c, [{**r, "arrival": 0.0} for r in bench_reqs],
+                                     prompts_for(bench_reqs, cfg_m.vocab, p["seed"] + 4)),
+                "prod": run_open_loop(runner, c, prod_reqs, prompts_for(prod_reqs, cfg_m.vocab, p["seed"] + 5),
+                                      keep_timeline=name == "before")}
+        out["capacity_before_rps"], out["prod_rate"] = cap_before, prod_rate
+    out["capacity_chat_rps"] = cap_chat = capacity(cm, base, chat, n_cap)
+    out["chat_runs"] = {}
     for name, spec in p["chat_rates"].items():
         rate = spec.get("rate") or spec["load"] * cap_chat
         reqs = workloads.requests(requests_for(rate, spec), rate, mix=chat, seed=p["seed"] + 6)
-        chat_runs[name] = {"rate": rate, **run_open_loop(runner, base, reqs, prompts_for(reqs, cfg_m.vocab, p["seed"] + 7))}
-    return {"params_count": cfg_m.params(), "pool_blocks": pool.num_blocks, "cal_points": points,
-            "ch7_step": ch7, "offline": offline, "capacity_before_rps": cap_before, "capacity_chat_rps": cap_chat,
-            "prod_rate": prod_rate, "incident": incident, "chat_runs": chat_runs, "step_keys": list(STEP_KEYS)}
+        out["chat_runs"][name] = {"rate": rate, **run_open_loop(runner, base, reqs,
+                                                                prompts_for(reqs, cfg_m.vocab, p["seed"] + 7))}
+    return out
+
+
+def small_params(params: dict) -> dict:
+    """The second, smaller configuration's parameters: the main ones with ``params["small"]`` laid over."""
+    return {**params, **params["small"], "small": None}
+
+
+def measure(params: dict, device: str) -> dict:
+    """Everything the module lists, on ``device`` ("cuda" or "cpu"): the smaller configuration first (the
+    offline run and the chat-only runs, no incident), then the main one."""
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
+    require(params, PARAMS)
+    small = None
+    if params["small"]:
+        small = measure_config(small_params(params), device, incident=False)
+        gc.collect()  # the runner and its graphs refer to each other: free the smaller model's memory now
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return {**measure_config(params, device, incident=True), "small": small}
