@@ -132,6 +132,7 @@ class ModelRunner:
         self.step_count = 0
         self.seed = torch.zeros(1, dtype=torch.int64, device=self.device)
         self.graphs = {}  # (batch size, mode) -> _Graph
+        self.graph_pool = None  # one memory pool shared by the runner's graphs (a pool outlives no runner)
         self.plans = {}  # decode-attention launches of eager steps, by shape
         self.use_graphs = self.cuda if graphs is None else graphs
         if self.use_graphs and not self.cuda:
@@ -245,7 +246,6 @@ class ModelRunner:
 class _Graph:
     """One captured decode step of ``b`` rows (see the module): static inputs, filled before each replay."""
 
-    _pool = None  # one memory pool shared by every graph
 
     def __init__(self, runner: ModelRunner, b: int, greedy: bool):
         from lib import llama
@@ -277,9 +277,9 @@ class _Graph:
             body()  # compiles and plans outside the capture
         torch.cuda.current_stream(dev).wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        if _Graph._pool is None:
-            _Graph._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(self.graph, pool=_Graph._pool):
+        if runner.graph_pool is None:
+            runner.graph_pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(self.graph, pool=runner.graph_pool):
             self.out = body()
 
     def fill(self, decodes, seed: int) -> None:
