@@ -320,6 +320,30 @@ class InstantRunner:
         return StepResult([x.length % 50 for x in plan.sampled], float("nan"), 0.0, False)
 
 
+def test_async_front_end_admits_a_request_due_during_a_step_at_the_next_step():
+    """A request whose time comes while a step runs (its timer expires during the step) joins the very next
+    step: the front end lets due requests in before it steps again, rather than one step later."""
+    cfg = EngineConfig(max_num_seqs=4, block_size=4, num_blocks=60, max_model_len=64)
+    e = LLMEngine(cfg, InstantRunner(), KVPool(60, 4, storage=False), vocab=50)
+    late = {}
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        async with AsyncEngine(e) as a:
+            def during(step, finished):  # runs inside the engine's step, as GPU work would
+                if len(e.steps) == 2:  # the second step (index 1)
+                    loop.call_later(0, lambda: late.setdefault("stream", a.submit([7, 8], SamplingParams(
+                        max_tokens=2, ignore_eos=True))))
+            e.on_step(during)
+            first = a.submit([1, 2, 3], SamplingParams(max_tokens=6, ignore_eos=True))
+            return [t async for t in first], [t async for t in late["stream"]] if "stream" in late else None
+
+    out, late_tokens = asyncio.run(main())
+    assert late_tokens is not None and len(late_tokens) == 2
+    admitted = [i for i, s in enumerate(e.steps) if s["prefill_tokens"] == 2]
+    assert admitted == [2], f"the request due during step 1 was prefilled at step {admitted}, not step 2"
+
+
 def test_async_front_end_streams_aborts_and_refuses():
     cfg = EngineConfig(max_num_seqs=4, block_size=4, num_blocks=60, max_model_len=64)
     e = LLMEngine(cfg, InstantRunner(), KVPool(60, 4, storage=False), vocab=50)

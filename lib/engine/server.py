@@ -61,9 +61,15 @@ class AsyncEngine:
                 for q in self._streams.values():
                     q.put_nowait(err)
                 raise
-            # let the loop run: new requests, the streams' tokens; if nothing ran (queues held by a batching
-            # window), look again shortly
-            await asyncio.sleep(0 if made or e.scheduler.running else 0.0005)
+            # let the loop run before the next step: the streams' tokens, and the requests due during this step.
+            # Yield twice: a timer that came due during the step is queued behind this task's own wake-up, so
+            # after one yield the next step would start before that request is added, and it would wait a
+            # whole extra step. If nothing ran (queues held by a batching window), look again shortly.
+            if made or e.scheduler.running:
+                await asyncio.sleep(0)
+                await asyncio.sleep(0)
+            else:
+                await asyncio.sleep(0.0005)
 
     def _deliver(self, events: list) -> None:
         for rid, token, finished in events:
