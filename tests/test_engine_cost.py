@@ -54,3 +54,68 @@ def test_a_context_point_needs_its_stack_point():
     pts = [p for p in points() if not (p["kind"] == "stack" and p["new"] == 1024)]
     with pytest.raises(ValueError, match="1024"):
         cost.fit(pts, SIZES)
+
+
+# ------------------------------------------------------------------ the fit to a running engine's steps
+from lib.engine import service_fit  # noqa: E402
+
+H, KNEE, ALPHA_S, BETA_P, D0_S, D1_S, BETA_S = 0.02, 1024.0, 2e-9, 4e-8, 5e-3, 1e-5, 3e-8
+
+
+def service_run(gap: float = 2e-4):
+    """Steps drawn from a known model, one after another with ``gap`` seconds between two steps while
+    requests run (what the front end takes), and an idle second after the last of each burst."""
+    pad = cost.EngineCostModel(None, 0, 0, 0, SIZES).padded
+    run, t = [], 0.0
+    shapes = [(m, c, b) for m in (16, 200, 900, 2048, 6000) for c in (0, 3000) for b in (0, 5)]
+    for i, (m, c, b) in enumerate(shapes):
+        kv = b * 700
+        dt = H * max(1.0, (m + b) / KNEE) + ALPHA_S * cost.work(m, c) + BETA_P * (kv + b)  # M counts the decodes
+        run.append({"start": t, "end": t + dt - gap, "running": 1, "prefill_tokens": m, "decode_tokens": b,
+                    "decode_kv": kv, "prefill_work": cost.work(m, c)})
+        t += dt
+        for B in (1, 3, 8, 20, 48, 64):
+            kv = B * (500 + 40 * i)
+            dt = D0_S + D1_S * pad(B) + BETA_S * (kv + B)
+            last = B == 64 and i % 4 == 3
+            run.append({"start": t, "end": t + dt - (0 if last else gap), "running": 0 if last else B,
+                        "prefill_tokens": 0, "decode_tokens": B, "decode_kv": kv, "prefill_work": 0.0})
+            t += dt + (1.0 if last else 0.0)
+    return run
+
+
+def test_service_fit_recovers_a_known_model_timed_start_to_start():
+    cm = service_fit.fit_steps([service_run()], SIZES)
+    assert (cm.decode_s, cm.decode_s_per_seq, cm.decode_s_per_kv_token) == pytest.approx((D0_S, D1_S, BETA_S), rel=1e-6)
+    p = cm.prefill
+    assert p.prefill_s_per_work == pytest.approx(ALPHA_S, rel=1e-6)
+    assert p.decode_s_per_kv_token == pytest.approx(BETA_P, rel=1e-6)
+    for m in (16, 512, 1024, 3000, 100_000):
+        assert p.linear(m) == pytest.approx(H * max(1.0, m / KNEE), rel=1e-6)
+
+
+def test_periods_run_to_the_next_start_only_while_requests_run():
+    run = service_run(gap=0.001)
+    per = service_fit.periods(run)
+    for s, nxt, p in zip(run, run[1:], per):
+        if s["running"]:
+            assert p["period"] == pytest.approx(nxt["start"] - s["start"])
+        else:  # the engine waited for arrivals: the wait is no step's cost
+            assert p["period"] == pytest.approx(s["end"] - s["start"]) and nxt["start"] - s["end"] > 0.5
+    # timed by their own length the steps come out shorter than the model: the gaps are part of the cost
+    short = service_fit.fit_steps([[{**s, "running": 0} for s in run]], SIZES)
+    assert short.decode_s < D0_S - 5e-4
+
+
+def test_nonneg_lstsq_drops_a_negative_coefficient_and_refits():
+    import numpy as np
+
+    A = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
+    y = np.array([3.0, 2.0, 1.0])  # y = 4 - x: the slope would be negative
+    x = service_fit.nonneg_lstsq(A, y)
+    assert x[1] == 0.0 and x[0] == pytest.approx(2.0)
+
+
+def test_service_fit_refuses_too_few_steps():
+    with pytest.raises(ValueError, match="longer run"):
+        service_fit.fit_steps([service_run()[:3]], SIZES)

@@ -2,8 +2,9 @@
 steps timed alone: what chapter 6's simulator needs to predict the engine in service.
 
 A calibration times each kind of step alone, each shape a few times. In service the steps come as the
-scheduler makes them: new prompt lengths, decodes riding along, the front end's Python running beside the
-loop. ``fit_steps`` takes a run's step records (``LLMEngine.steps``) and fits
+scheduler makes them: new prompt lengths, decodes riding along, the front end's Python running between
+two steps. ``fit_steps`` takes runs' step records (``LLMEngine.steps``), times each step from its start
+to the next one's (``periods``), and fits
 
 - a step that prefills: t = S(M) + alpha W + beta_p K, with S(M) = h max(1, M / M*): a floor of h seconds
   (the eager pass's host time) up to M* tokens, then linear in M; M* is searched on a grid;
@@ -37,15 +38,29 @@ def nonneg_lstsq(A: np.ndarray, y: np.ndarray) -> np.ndarray:
         keep.remove(min(neg, key=lambda j: x[j]))
 
 
+def periods(run: list[dict]) -> list[dict]:
+    """A run's steps, in order, each with its "period": from its start to the next step's start when requests
+    were still running after it (the engine went straight on; the time between the two, handing tokens to
+    the front end and taking new requests in, is part of what a step costs the timeline), else its own
+    length (the engine then waited for arrivals)."""
+    out = []
+    for i, s in enumerate(run):
+        busy = i + 1 < len(run) and s["running"] > 0
+        out.append({**s, "period": (run[i + 1]["start"] if busy else s["end"]) - s["start"]})
+    return out
+
+
 def _relative(rows: list[dict], X) -> tuple[np.ndarray, np.ndarray]:
-    """Each row of X divided by its step's wall time, against ones: least squares on the relative error."""
-    t = np.array([s["end"] - s["start"] for s in rows], dtype=float)
+    """Each row of X divided by its step's period, against ones: least squares on the relative error."""
+    t = np.array([s["period"] for s in rows], dtype=float)
     return np.asarray(X, dtype=float) / t[:, None], np.ones(len(rows))
 
 
-def fit_steps(steps: list[dict], graph_batch_sizes) -> EngineCostModel:
-    """Fit the model to step records ("start", "end", "prefill_tokens", "decode_tokens", "decode_kv",
-    "prefill_work"; see the module)."""
+def fit_steps(runs: list[list[dict]], graph_batch_sizes) -> EngineCostModel:
+    """Fit the model to the step records of one or more runs (each a list of the engine's steps in order:
+    "start", "end", "running", "prefill_tokens", "decode_tokens", "decode_kv", "prefill_work"), each step's
+    time its period (``periods``; see the module)."""
+    steps = [s for run in runs for s in periods(run)]
     pre = [s for s in steps if s["prefill_tokens"]]
     dec = [s for s in steps if not s["prefill_tokens"] and s["decode_tokens"]]
     if len(pre) < 4 or len({s["decode_tokens"] for s in dec}) < 2:
@@ -58,7 +73,7 @@ def fit_steps(steps: list[dict], graph_batch_sizes) -> EngineCostModel:
     M = np.array([s["prefill_tokens"] + s["decode_tokens"] for s in pre], dtype=float)
     rest = np.array([[s["prefill_work"], s["decode_kv"] + s["decode_tokens"]] for s in pre], dtype=float)
     best = None
-    for knee in np.geomspace(16, 65536, 49):  # M*: where the pass stops being host-bound
+    for knee in (2.0 ** (e / 4) for e in range(16, 65)):  # M* from 16 to 65,536 tokens, four per octave
         A, y = _relative(pre, np.column_stack([np.maximum(1.0, M / knee), rest]))
         x = nonneg_lstsq(A, y)
         err = float(np.sum((A @ x - y) ** 2))

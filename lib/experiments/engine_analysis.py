@@ -1,7 +1,8 @@
 """Chapter 8's analysis of what ``lib.experiments.serving_engine`` measured: the engine's cost model fitted
 to its calibration steps, the offline run against chapter 7's step, host time, the incident, the latency
 decomposition, and chapter 6's simulator run on the same workloads and compared request percentile by
-percentile. Everything here reads stored data (it measures nothing), so it runs on a replay too.
+percentile, with the calibrated costs and with costs fitted to the steps of the other runs. Everything
+here reads stored data (it measures nothing), so it runs on a replay too.
 
 Chapters: 8.
 """
@@ -13,11 +14,12 @@ import statistics
 import pandas as pd
 
 from lib import serving, workloads
-from lib.engine import cost
+from lib.engine import cost, service_fit
 from lib.engine.metrics import decomposition, goodput, summary
 from lib.experiments import serving_engine as se
 
 RUNS = ("light", "near", "before", "after", "fix")  # the open-loop runs, chat-only then the incident's
+SMALL_RUNS = ("light", "near")  # the smaller configuration's (no incident)
 
 
 def requests(run: dict) -> list[dict]:
@@ -113,11 +115,11 @@ def incident(data: dict, slo_ttft: float, slo_tpot: float) -> tuple[pd.DataFrame
                "fix_tps_kept": fix_gain / gain if gain else float("nan"), "fix_tps_gain": fix_gain}
 
 
-def decompositions(data: dict) -> pd.DataFrame:
+def decompositions(data: dict, runs=RUNS) -> pd.DataFrame:
     """Where chat TTFT goes in each open-loop run: time queued, in prefill steps, and the rest, at the median
     and the 95th percentile of each stage (ms)."""
     rows = []
-    for name in RUNS:
+    for name in runs:
         res = requests(run_of(data, name))
         for q in (50, 95):
             d = decomposition(res, "chat", q)
@@ -125,28 +127,105 @@ def decompositions(data: dict) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["run", "percentile"])
 
 
-def sim_vs_engine(data: dict, params: dict, cm) -> pd.DataFrame:
-    """Chapter 6's simulator with the engine's fitted costs on each open-loop run's workload and settings:
-    TTFT and TPOT at P50 and P95 over all requests, simulated against measured, and their ratio."""
+def step_records(data: dict, name: str) -> list[dict]:
+    """A run's steps as the engine recorded them (the stored columns): "offline" or an open-loop run."""
+    run = data["offline"] if name == "offline" else run_of(data, name)
+    return [dict(zip(data["step_keys"], r)) for r in run["steps"]]
+
+
+def service_fits(data: dict, runs=RUNS) -> dict:
+    """For each open-loop run, the cost model fitted (``lib.engine.service_fit``) to the steps of the other
+    runs and the offline run: costs measured in service that never saw the run they predict. None where the
+    other runs hold too few steps to fit (a smoke run's handful of requests)."""
+    from lib.engine import EngineConfig
+
+    sizes = EngineConfig().graph_batch_sizes
+    fits = {}
+    for held in runs:
+        try:
+            fits[held] = service_fit.fit_steps([step_records(data, n) for n in (*runs, "offline") if n != held], sizes)
+        except ValueError:
+            fits[held] = None
+    return fits
+
+
+def _simulated(data: dict, params: dict, name: str, cm) -> dict:
+    reqs, config = workload_of(data, params, name)
+    return serving.summary(serving.simulate(reqs, cm, config.as_policy()))
+
+
+def sim_vs_engine(data: dict, params: dict, cm, runs=RUNS) -> pd.DataFrame:
+    """Chapter 6's simulator on each open-loop run's workload and settings, TTFT and TPOT at P50 and P95 over
+    all requests, against the engine's: with the costs of the calibration (``cm``) and with the costs
+    fitted to the other runs' steps (``service_fits``)."""
+    held = service_fits(data, runs)
     rows = []
-    for name in RUNS:
-        reqs, config = workload_of(data, params, name)
-        sim = serving.summary(serving.simulate(reqs, cm, config.as_policy()))
+    for name in runs:
+        cal = _simulated(data, params, name, cm)
+        srv = _simulated(data, params, name, held[name]) if held[name] else dict.fromkeys(cal, float("nan"))
         meas = serving.summary(requests(run_of(data, name)))
         for m in ("ttft", "tpot"):
             for q in (50, 95):
                 k = f"{m}_p{q}"
                 rows.append({"run": name, "metric": f"{m.upper()} P{q}", "measured (ms)": meas[k] * 1e3,
-                             "simulated (ms)": sim[k] * 1e3, "simulated / measured": sim[k] / meas[k]})
+                             "calibrated (ms)": cal[k] * 1e3, "calibrated / measured": cal[k] / meas[k],
+                             "service fit (ms)": srv[k] * 1e3, "service fit / measured": srv[k] / meas[k]})
     return pd.DataFrame(rows).set_index(["run", "metric"])
 
 
-def step_costs(data: dict, cm) -> pd.DataFrame:
+def fit_step_ratios(data: dict, runs=RUNS) -> pd.DataFrame:
+    """Each open-loop run's steps against the service fit that did not see them: the run's total measured
+    time over the model's, by kind of step."""
+    held = service_fits(data, runs)
+    rows = []
+    for name in runs:
+        cm = held[name]
+        for kind in ("decode", "prefill"):
+            if cm is None:
+                rows.append({"run": name, "step": kind, "steps": 0, "measured / model": float("nan")})
+                continue
+            sel = [s for s in service_fit.periods(step_records(data, name))
+                   if bool(s["prefill_tokens"]) == (kind == "prefill")]
+            model = sum(cm.step(s["prefill_tokens"] + s["decode_tokens"], s["prefill_work"],
+                                s["decode_kv"] + s["decode_tokens"]) for s in sel)
+            rows.append({"run": name, "step": kind, "steps": len(sel),
+                         "measured / model": sum(s["period"] for s in sel) / model})
+    return pd.DataFrame(rows).set_index(["run", "step"])
+
+
+class Scaled:
+    """A cost model whose every step costs ``k`` times another's."""
+
+    def __init__(self, cm, k: float):
+        self.cm, self.k = cm, k
+
+    def step(self, tokens: int, prefill_ctx_work: float, decode_kv_tokens: int) -> float:
+        return self.k * self.cm.step(tokens, prefill_ctx_work, decode_kv_tokens)
+
+
+def sensitivity(data: dict, params: dict, cm, name: str, scales=(0.9, 0.95, 1.0, 1.05, 1.1)) -> pd.DataFrame:
+    """The simulator's TTFT and TPOT P95 on run ``name`` with every step cost scaled: how much a few percent
+    on the costs moves the tail at that load."""
+    rows = []
+    for k in scales:
+        s = _simulated(data, params, name, Scaled(cm, k))
+        rows.append({"step costs x": k, "TTFT P95 (ms)": s["ttft_p95"] * 1e3, "TPOT P95 (ms)": s["tpot_p95"] * 1e3})
+    return pd.DataFrame(rows).set_index("step costs x")
+
+
+def host_spread(data: dict, name: str, max_tokens: int = 1024) -> dict:
+    """Host time of a run's steps that prefill fewer than ``max_tokens`` tokens: 5th, 50th and 95th
+    percentiles (s), and how many steps."""
+    h = [s["host_s"] for s in step_records(data, name) if 0 < s["prefill_tokens"] < max_tokens]
+    return {"n": len(h), **{f"p{q}": serving.percentile(h, q) for q in (5, 50, 95)}}
+
+
+def step_costs(data: dict, cm, runs=RUNS) -> pd.DataFrame:
     """Every open-loop run's steps by kind and number of prefilled requests: median wall time against the
     cost model's prediction for the same step."""
     rows = []
     keys = data["step_keys"]
-    for name in RUNS:
+    for name in runs:
         st = steps(run_of(data, name), keys)
         st["prefills"] = st["batch"] - st["decode_tokens"]
         st["model_s"] = [cm.step(r.prefill_tokens + r.decode_tokens, r.prefill_work, r.decode_kv + r.decode_tokens)
@@ -166,5 +245,17 @@ def timeline(data: dict) -> dict:
             "prefill_steps": tuple(tuple(s) for s in t["prefill_steps"]), "token_times": tuple(t["token_times"])}
 
 
-def median_abs_err(frame: pd.DataFrame) -> float:
-    return statistics.median(abs(v - 1) for v in frame["simulated / measured"])
+def decode_cal(cal: pd.DataFrame, B: int) -> tuple[float, float]:
+    """A calibration's decode steps of ``B`` requests at its shortest and its longest context (ms); NaN where
+    the calibration has no such batch (a smoke run's)."""
+    d = cal[(cal["kind"] == "decode") & (cal["B"] == B)].sort_values("ctx")["measured (ms)"]
+    return (float(d.iloc[0]), float(d.iloc[-1])) if len(d) else (float("nan"), float("nan"))
+
+
+def worst_err(frame: pd.DataFrame, column: str, metric: str) -> float:
+    """The largest |ratio - 1| of ``column`` over the runs, for one metric ("TTFT P95", ...)."""
+    return float((frame.xs(metric, level="metric")[column] - 1).abs().max())
+
+
+def median_abs_err(frame: pd.DataFrame, column: str = "service fit / measured") -> float:
+    return statistics.median(abs(v - 1) for v in frame[column])

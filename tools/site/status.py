@@ -73,8 +73,8 @@ HEADLINES = [
      "the book's engine, Llama-3-8B's shapes, every request at once: output tokens/s over what chapter 7's step "
      "predicts", "-"),
     ("08-serving-engine", "sim_vs_engine_tpot_p95_err_max",
-     "chapter 6's simulator with the engine's fitted step costs: largest |simulated / measured - 1| of TPOT P95 "
-     "over five open-loop runs", "-"),
+     "chapter 6's simulator with step costs fitted to the engine's other runs: largest |simulated / measured - 1| "
+     "of TPOT P95 over five open-loop runs", "-"),
 ]
 
 
