@@ -115,6 +115,30 @@ def incident(data: dict, slo_ttft: float, slo_tpot: float) -> tuple[pd.DataFrame
                "fix_tps_kept": fix_gain / gain if gain else float("nan"), "fix_tps_gain": fix_gain}
 
 
+def incident_loads(data: dict, params: dict, loads=(0.3, 0.5, 0.7, 0.85)) -> pd.DataFrame:
+    """The incident's three settings simulated at several production loads (fractions of the "before"
+    setting's calibrated capacity, as the measured run's 0.3), with costs fitted to every run's steps in
+    service: the most requests the "before" setting ran at once, chat TTFT P95 of each setting and the two
+    ratios the incident is judged by. Where the engine's costs make the incident appear, if anywhere."""
+    from lib.engine import EngineConfig
+
+    cm = service_fit.fit_steps([step_records(data, n) for n in (*RUNS, "offline")], EngineConfig().graph_batch_sizes)
+    mix, _ = se.mixes(params)
+    cfgs, rows = se.configs(params), []
+    for load in loads:
+        rate = load * data["capacity_before_rps"]
+        reqs = workloads.requests(se.requests_for(rate, params["incident"]), rate, mix=mix, seed=params["seed"] + 3)
+        p95, trace = {}, []
+        for name, c in cfgs.items():
+            res = serving.simulate(reqs, cm, c.as_policy(), trace=trace if name == "before" else None)
+            p95[name] = serving.summary([r for r in res if r["kind"] == "chat"])["ttft_p95"]
+        rows.append({"load": load, "requests/s": rate,
+                     "most running, before": max(len(t["prefill"]) + len(t["decode"]) for t in trace),
+                     **{f"chat TTFT p95 {k} (ms)": v * 1e3 for k, v in p95.items()},
+                     "after / before": p95["after"] / p95["before"], "fix / before": p95["fix"] / p95["before"]})
+    return pd.DataFrame(rows).set_index("load")
+
+
 def decompositions(data: dict, runs=RUNS) -> pd.DataFrame:
     """Where chat TTFT goes in each open-loop run: time queued, in prefill steps, and the rest, at the median
     and the 95th percentile of each stage (ms)."""
