@@ -1,6 +1,6 @@
 """Compile every kernel the book launches for Hopper (sm_90a), without a GPU.
 
-    python tools/check_kernels.py [--only decode_attention,grouped_gemm,stream,tuning] [--paths] [--limit N]
+    python tools/check_kernels.py [--only decode_attention,grouped_gemm,stream,fused,tuning,quant] [--paths] [--limit N]
                                   [--jobs J] [--list] [--fresh-cache]
 
 Triton's interpreter (how CI runs the kernels) never compiles them, so a kernel that the frontend, the
@@ -26,6 +26,8 @@ constants, integers divisible by 16 marked so), deduplicated, and compiled throu
 - Chapter 3's read-only kernels (``stream``) at the launches its run takes, and with every load hint.
 - Chapter 7 (``fused``): residual add + RMSNorm, RoPE + the K/V write, SiLU x up and the skinny GEMM at
   Llama-3-8B's shapes.
+- Chapter 9 (``quant_gemm``): the GEMMs of int8 and int4 weights at Llama-3-8B's four layer products, a few
+  row counts and every int4 group size.
 - ``tuning``: a few launches of the tuning sweeps' variant kernels (``tools/tuning``).
 
 A kernel the frontend or ptxas rejects is reported with its name and configuration; the exit status is 1
@@ -60,7 +62,7 @@ from triton.compiler import ASTSource  # noqa: E402
 TARGET = GPUTarget("cuda", 90, 32)  # Hopper: Triton compiles capability 90 for sm_90a
 H200_SMS = 132
 MAX_SHARED = 232448  # bytes of shared memory one program may use on sm_90 (227 KiB)
-GROUPS = ("decode_attention", "grouped_gemm", "stream", "fused", "tuning")
+GROUPS = ("decode_attention", "grouped_gemm", "stream", "fused", "tuning", "quant")
 _TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
           torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8",
           torch.bool: "i1"}
@@ -337,8 +339,27 @@ def _fused_calls(rec: Recorder) -> None:
         sampling.top_p_sample(_meta(B, c.vocab, dtype=dtype), 0.9, 0.8, uniform=_meta(B, c.vocab, dtype=torch.float32))
 
 
+def _quant_calls(rec: Recorder) -> None:
+    """Chapter 9's GEMMs of quantized weights (``lib.kernels.quant_gemm``) at Llama-3-8B's four layer products,
+    a few row counts, int8 and int4 in every group size, bf16 activations."""
+    from lib import llama, quant
+    from lib.kernels import quant_gemm
+
+    c = llama.LLAMA3_8B
+    for K, N in ((c.hidden, (c.heads + 2 * c.kv_heads) * c.head_dim), (c.heads * c.head_dim, c.hidden),
+                 (c.hidden, 2 * c.mlp), (c.mlp, c.hidden)):
+        for M in (1, 16, 64, 256):
+            x = _meta(M, K)
+            rec.label = f"chapter 9: int8 M={M} K={K} N={N}"
+            quant_gemm.w8_mm(x, quant.Int8Weight(_meta(K, N, dtype=torch.int8), _meta(N, dtype=torch.float32)))
+            for g in quant.GROUPS:
+                rec.label = f"chapter 9: int4 g={g} M={M} K={K} N={N}"
+                quant_gemm.w4_mm(x, quant.Int4Weight(_meta(K // 2, N, dtype=torch.uint8),
+                                                     _meta(K // g, N, dtype=torch.float32), g))
+
+
 CALLS = {"decode_attention": _decode_calls, "grouped_gemm": _grouped_calls, "stream": _stream_calls,
-         "fused": _fused_calls, "tuning": _tuning_calls}
+         "fused": _fused_calls, "tuning": _tuning_calls, "quant": _quant_calls}
 
 
 def plan_jobs(groups=GROUPS, sms: int = H200_SMS) -> list[Job]:

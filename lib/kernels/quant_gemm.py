@@ -1,0 +1,226 @@
+"""y = x @ w with w stored in int8 or int4 (``lib.quant``), dequantized inside the main loop (chapter 9).
+
+At decode the product is a read of w: storing w in fewer bytes reads fewer bytes, but only if nothing else
+takes the time saved. The kernels here read each tile of the quantized weights once, turn it into x's
+dtype in registers, and multiply; no dequantized copy of w is ever written.
+
+- ``w8_mm``: int8 weights with one scale per output column. Integers up to 127 are exact in fp16 and bf16,
+  so a tile of q is converted and multiplied as it is, and the column scales multiply the accumulated sums
+  once, at the end (the scale is the same for every row of K).
+- ``w4_mm``: int4 weights, two rows of K per byte, one scale per group of ``group`` rows. A tile of
+  ``block_k`` rows (at most one group) is loaded as ``block_k / 2`` rows of bytes; the low four bits give
+  the even rows, the high four the odd ones, each sign-extended. x's even and odd columns multiply them as
+  two products, and the group's scales multiply the tile's sum before it is added: one multiply per column
+  per tile, not per weight.
+
+The weights come in ``Int8Weight`` and ``Int4Weight`` (made by ``lib.quant``'s quantizers); the packing
+of int4 (``pack_int4``, ``unpack_int4``) is defined here, beside the kernel that reads it.
+
+Both split K across programs as ``lib.kernels.skinny_gemm`` does when the matrix is narrow (float32
+partial sums, added by a second small kernel), tile M in blocks of 16 or 64 rows, accumulate in float32,
+and take x in fp16, bf16 or fp32. In Triton's interpreter (CPU) they run in fp16 and fp32.
+
+Chapter: 9.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from lib.kernels import launch
+from lib.kernels.skinny_gemm import _sum_splits_kernel
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+GROUPS = (32, 64, 128, 256)  # int4 group sizes (rows of K per scale)
+
+
+@dataclass(frozen=True)
+class Int8Weight:
+    """w quantized per output channel: ``q`` int8 [K, N], ``scale`` float32 [N]."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return (self.q.float() * self.scale[None, :]).to(dtype)
+
+
+@dataclass(frozen=True)
+class Int4Weight:
+    """w quantized in groups of ``group`` rows: ``packed`` uint8 [K / 2, N] (row 2i low, 2i + 1 high),
+    ``scale`` float32 [K / group, N]."""
+
+    packed: torch.Tensor
+    scale: torch.Tensor
+    group: int
+
+    @property
+    def K(self) -> int:
+        return 2 * self.packed.shape[0]
+
+    def values(self) -> torch.Tensor:
+        """The integers q [K, N] (int8, -8..7), unpacked."""
+        return unpack_int4(self.packed)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        s = self.scale.repeat_interleave(self.group, dim=0)
+        return (self.values().float() * s).to(dtype)
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """int values in -8..7, [K, N] with K even, to uint8 [K / 2, N]: row 2i in the low four bits."""
+    if q.dim() != 2 or q.shape[0] % 2:
+        raise ValueError(f"q must be [K, N] with K even (two rows per byte), got {tuple(q.shape)}")
+    if q.numel() and (int(q.min()) < -8 or int(q.max()) > 7):
+        raise ValueError(f"int4 values must lie in -8..7, got {int(q.min())}..{int(q.max())}")
+    u = (q.to(torch.int16) & 0xF).to(torch.uint8)
+    return u[0::2] | (u[1::2] << 4)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [K / 2, N] to int8 [K, N], -8..7 (the inverse of ``pack_int4``)."""
+    if packed.dtype != torch.uint8 or packed.dim() != 2:
+        raise ValueError(f"packed must be a 2-D uint8 tensor, got {packed.dtype} {tuple(packed.shape)}")
+    lo = (packed & 0xF).to(torch.int8)
+    hi = (packed >> 4).to(torch.int8)
+    lo = torch.where(lo >= 8, lo - 16, lo)
+    hi = torch.where(hi >= 8, hi - 16, hi)
+    return torch.stack((lo, hi), dim=1).reshape(2 * packed.shape[0], packed.shape[1])
+
+
+
+
+@triton.jit
+def _w8_kernel(X, Q, S, P, M, N, K, K_SPLIT, stride_xm, stride_qk, stride_ps, stride_pm,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mmask = rm < M
+    nmask = rn < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_lo = pid_s * K_SPLIT
+    for k in range(k_lo, k_lo + K_SPLIT, BLOCK_K):
+        rk = k + tl.arange(0, BLOCK_K)
+        kmask = rk < K
+        x = tl.load(X + rm[:, None] * stride_xm + rk[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
+        q = tl.load(Q + rk[:, None] * stride_qk + rn[None, :], mask=kmask[:, None] & nmask[None, :], other=0)
+        acc += tl.dot(x, q.to(X.dtype.element_ty))
+    s = tl.load(S + rn, mask=nmask, other=0.0)
+    acc = acc * s[None, :]
+    tl.store(P + pid_s * stride_ps + rm[:, None] * stride_pm + rn[None, :], acc.to(P.dtype.element_ty),
+             mask=mmask[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _w4_kernel(X, Q, S, P, M, N, K, K_SPLIT, GROUP, stride_xm, stride_qk, stride_sg, stride_ps, stride_pm,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALF_K: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mmask = rm < M
+    nmask = rn < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_lo = pid_s * K_SPLIT
+    for k in range(k_lo, k_lo + K_SPLIT, BLOCK_K):  # K is a whole number of tiles; a tile lies in one group
+        rb = k // 2 + tl.arange(0, HALF_K)  # rows of bytes: byte row i holds rows 2i and 2i + 1 of w
+        b = tl.load(Q + rb[:, None] * stride_qk + rn[None, :], mask=nmask[None, :], other=0).to(tl.int32)
+        lo = b & 0xF
+        hi = (b >> 4) & 0xF
+        lo = tl.where(lo >= 8, lo - 16, lo)
+        hi = tl.where(hi >= 8, hi - 16, hi)
+        re = k + 2 * tl.arange(0, HALF_K)
+        xe = tl.load(X + rm[:, None] * stride_xm + re[None, :], mask=mmask[:, None], other=0.0)
+        xo = tl.load(X + rm[:, None] * stride_xm + (re + 1)[None, :], mask=mmask[:, None], other=0.0)
+        part = tl.dot(xe, lo.to(X.dtype.element_ty)) + tl.dot(xo, hi.to(X.dtype.element_ty))
+        s = tl.load(S + (k // GROUP) * stride_sg + rn, mask=nmask, other=0.0)
+        acc += part * s[None, :]
+    tl.store(P + pid_s * stride_ps + rm[:, None] * stride_pm + rn[None, :], acc.to(P.dtype.element_ty),
+             mask=mmask[:, None] & nmask[None, :])
+
+
+def choose_config(M: int, N: int, K: int, sms: int, *, block_k: int = 64) -> dict:
+    """Tiles of ``block_k`` rows of w, columns in blocks of 64 (128 for N >= 16384), rows of x in blocks of
+    16 (M <= 16) or 64, and the fewest splits of K (powers of two, slices of at least four tiles) that launch
+    1.5 programs per SM."""
+    block_m = 16 if M <= 16 else 64
+    block_n = 128 if N >= 16384 else 64
+    programs = triton.cdiv(N, block_n) * triton.cdiv(M, block_m)
+    splits = 1
+    while programs * splits < 1.5 * sms and K % (2 * splits) == 0 and K // (2 * splits) >= 4 * block_k \
+            and (K // (2 * splits)) % block_k == 0:
+        splits *= 2
+    return {"block_m": block_m, "block_n": block_n, "block_k": block_k, "splits": splits, "num_warps": 4,
+            "num_stages": 4}
+
+
+def _check_x(x: torch.Tensor, K: int, device) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"x must be a 2-D tensor [M, K], got {getattr(x, 'shape', type(x).__name__)}")
+    if x.dtype not in DTYPES:
+        raise TypeError(f"x must be fp16, bf16 or fp32, got {x.dtype}")
+    if x.stride(1) != 1:
+        raise ValueError(f"x must be contiguous in its last dimension, got strides {x.stride()}")
+    if x.shape[1] != K:
+        raise ValueError(f"x has {x.shape[1]} columns but the weight has K = {K} rows")
+    if x.device != device:
+        raise ValueError(f"x is on {x.device} but the weight on {device}: put both on one device")
+    if x.shape[0] < 1:
+        raise ValueError("x has no rows")
+
+
+def _launch(kernel, x, args, M, N, K, cfg, splits, extra_strides, block_k, **meta):
+    k_split = K // splits
+    out = torch.empty(M, N, device=x.device, dtype=x.dtype)
+    part = out if splits == 1 else torch.empty(splits, M, N, device=x.device, dtype=torch.float32)
+    grid = (triton.cdiv(N, cfg["block_n"]), splits, triton.cdiv(M, cfg["block_m"]))
+    kernel[grid](x, *args, part, M, N, K, k_split, *extra_strides, M * N if splits > 1 else 0, N,
+                 BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"], BLOCK_K=block_k, num_warps=cfg["num_warps"],
+                 num_stages=cfg["num_stages"], **meta)
+    if splits > 1:
+        _sum_splits_kernel[(triton.cdiv(M * N, 1024),)](part, out, M * N, SPLITS=splits, BLOCK=1024)
+    return out
+
+
+def w8_mm(x: torch.Tensor, w: Int8Weight, *, splits: int | None = None, block_k: int = 64) -> torch.Tensor:
+    """x [M, K] @ (w.q * w.scale) [K, N], the int8 weights dequantized in registers: [M, N] in x's dtype."""
+    if not isinstance(w, Int8Weight):
+        raise TypeError(f"w must be an Int8Weight (lib.quant.quantize_int8), got {type(w).__name__}")
+    K, N = w.q.shape
+    _check_x(x, K, w.q.device)
+    if not w.q.is_contiguous() or not w.scale.is_contiguous() or w.scale.dtype != torch.float32:
+        raise ValueError("w.q must be contiguous and w.scale a contiguous float32 vector")
+    cfg = choose_config(x.shape[0], N, K, launch.sm_count(x.device), block_k=block_k)
+    splits = splits or cfg["splits"]
+    if K % (splits * block_k):
+        raise ValueError(f"splits={splits} must cut K={K} into slices that are whole tiles of {block_k}")
+    return _launch(_w8_kernel, x, (w.q, w.scale), x.shape[0], N, K, cfg, splits, (x.stride(0), w.q.stride(0)),
+                   block_k)
+
+
+def w4_mm(x: torch.Tensor, w: Int4Weight, *, splits: int | None = None, block_k: int | None = None) -> torch.Tensor:
+    """x [M, K] @ (the int4 weights times their group scales) [K, N], dequantized in registers: [M, N] in x's
+    dtype. ``block_k`` (rows of w per tile) defaults to min(64, group) and must divide the group."""
+    if not isinstance(w, Int4Weight):
+        raise TypeError(f"w must be an Int4Weight (lib.quant.quantize_int4), got {type(w).__name__}")
+    K, N = w.K, w.packed.shape[1]
+    _check_x(x, K, w.packed.device)
+    block_k = block_k or min(64, w.group)
+    if w.group % block_k or block_k % 2:
+        raise ValueError(f"block_k={block_k} must be even and divide the group of {w.group} rows")
+    if not w.packed.is_contiguous() or not w.scale.is_contiguous() or w.scale.dtype != torch.float32:
+        raise ValueError("w.packed must be contiguous and w.scale a contiguous float32 tensor")
+    cfg = choose_config(x.shape[0], N, K, launch.sm_count(x.device), block_k=block_k)
+    splits = splits or cfg["splits"]
+    if K % (splits * block_k):
+        raise ValueError(f"splits={splits} must cut K={K} into slices that are whole tiles of {block_k}")
+    return _launch(_w4_kernel, x, (w.packed, w.scale), x.shape[0], N, K, cfg, splits,
+                   (w.group, x.stride(0), w.packed.stride(0), w.scale.stride(0)), block_k, HALF_K=block_k // 2)

@@ -1,0 +1,137 @@
+"""Weight quantizers (lib.quant) and the GEMMs that read their formats (lib.kernels.quant_gemm, in Triton's
+interpreter): hand-worked packing, round trips within half a scale, bad input refused, and the kernels
+against float64 products of the dequantized weights."""
+
+import pytest
+import torch
+
+from lib import quant
+from lib.kernels import quant_gemm as qg
+
+# ---------------------------------------------------------------------------- formats by hand
+
+def test_int4_packing_by_hand():
+    # rows 0 and 1 of a column share a byte: row 0 low, row 1 high; -1 is 0xF, -8 is 0x8
+    q = torch.tensor([[1, -1], [2, 7], [-8, 0], [-1, 3]], dtype=torch.int8)
+    p = quant.pack_int4(q)
+    assert p.dtype == torch.uint8 and p.tolist() == [[0x21, 0x7F], [0xF8, 0x30]]
+    assert torch.equal(quant.unpack_int4(p), q)
+
+
+def test_int8_by_hand():
+    # column 0: max |w| = 2.54 -> scale 0.02, q = 127, -64 (-1.28 / 0.02), 0; an all-zero column gets scale 1
+    w = torch.tensor([[2.54, 0.0], [-1.28, 0.0], [0.0, 0.0]])
+    qw = quant.quantize_int8(w)
+    assert qw.scale.tolist() == pytest.approx([0.02, 1.0])
+    assert qw.q[:, 0].tolist() == [127, -64, 0] and qw.q[:, 1].tolist() == [0, 0, 0]
+
+
+def test_int4_groups_by_hand():
+    # one column, two groups of 32: the first holds 0.7 (scale 0.1: q 7) and -0.35 (q -4 after ties-to-even
+    # of -3.5), the second is zero (scale 1)
+    w = torch.zeros(64, 1)
+    w[0, 0], w[5, 0] = 0.7, -0.35
+    qw = quant.quantize_int4(w, group=32)
+    assert qw.scale[:, 0].tolist() == pytest.approx([0.1, 1.0])
+    v = qw.values()[:, 0]
+    assert int(v[0]) == 7 and int(v[5]) == -4 and int(v.abs().sum()) == 11
+
+
+@pytest.mark.parametrize("fmt,group,expected", [("bf16", None, 2.0), ("int8", None, 1 + 4 / 4096),
+                                                ("int4", 128, 0.5 + 4 / 128), ("int4", 32, 0.5 + 4 / 32),
+                                                ("fp8", None, 1.0)])
+def test_bytes_per_weight(fmt, group, expected):
+    assert quant.bytes_per_weight(fmt, group) == pytest.approx(expected)
+
+
+# ---------------------------------------------------------------------------- round trips
+
+@pytest.mark.parametrize("group", quant.GROUPS)
+def test_int4_round_trip_within_half_a_scale(group):
+    g = torch.Generator().manual_seed(group)
+    w = torch.randn(512, 48, generator=g) * 0.02
+    w[:, 3] *= 40  # an outlier channel: its own scales, the others' unaffected
+    qw = quant.quantize_int4(w, group)
+    s = qw.scale.repeat_interleave(group, 0)
+    err = (qw.dequantize() - w).abs()
+    assert bool((err <= s / 2 + 1e-7).all())
+    assert int(qw.values().min()) >= -7 and int(qw.values().max()) <= 7
+    # the largest weight of each group is represented exactly (it sets the scale: q = +-7)
+    assert bool(((qw.values().abs() == 7).reshape(-1, group, 48).any(dim=1)).all())
+
+
+def test_int8_round_trip_within_half_a_scale():
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(300, 40, generator=g) * 0.02).to(torch.bfloat16)
+    qw = quant.quantize_int8(w)
+    err = (qw.dequantize() - w.float()).abs()
+    assert bool((err <= qw.scale[None, :] / 2 + 1e-7).all())
+
+
+@pytest.mark.parametrize("call,err,words", [
+    (lambda: quant.quantize_int4(torch.randn(100, 8), 32), ValueError, "multiple of the group"),
+    (lambda: quant.quantize_int4(torch.randn(128, 8), 48), ValueError, "group must be one of"),
+    (lambda: quant.quantize_int8(torch.tensor([[1.0, float("nan")]])), ValueError, "NaN"),
+    (lambda: quant.quantize_int8(torch.ones(4, 4, dtype=torch.int32)), TypeError, "floating point"),
+    (lambda: quant.quantize_int8(torch.ones(4)), ValueError, "2-D"),
+    (lambda: quant.pack_int4(torch.full((2, 2), 9, dtype=torch.int8)), ValueError, "-8..7"),
+    (lambda: quant.pack_int4(torch.zeros(3, 2, dtype=torch.int8)), ValueError, "K even"),
+    (lambda: quant.bytes_per_weight("int3"), ValueError, "unknown format"),
+])
+def test_bad_input_is_refused(call, err, words):
+    with pytest.raises(err, match=words):
+        call()
+
+
+# ---------------------------------------------------------------------------- the kernels
+
+def _rel_err(y, ref):
+    return float((y.double() - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("M,K,N,splits", [(1, 256, 200, 1), (3, 512, 96, 2), (17, 256, 64, 1), (70, 128, 130, 2)])
+def test_w8_matches_float64(dtype, M, K, N, splits):
+    g = torch.Generator().manual_seed(M * 7 + K)
+    x, w = torch.randn(M, K, generator=g).to(dtype), torch.randn(K, N, generator=g) * 0.02
+    qw = quant.quantize_int8(w)
+    y = qg.w8_mm(x, qw, splits=splits)
+    ref = x.double() @ qw.dequantize(torch.float64)
+    assert y.dtype == dtype and y.shape == (M, N)
+    assert _rel_err(y, ref) < (1e-5 if dtype == torch.float32 else 2e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("M,K,N,group,splits", [(1, 256, 200, 128, 1), (2, 512, 64, 32, 2), (5, 256, 96, 64, 1),
+                                                (20, 512, 64, 256, 2), (65, 256, 70, 128, 1)])
+def test_w4_matches_float64(dtype, M, K, N, group, splits):
+    g = torch.Generator().manual_seed(M * 11 + group)
+    x, w = torch.randn(M, K, generator=g).to(dtype), torch.randn(K, N, generator=g) * 0.02
+    qw = quant.quantize_int4(w, group)
+    y = qg.w4_mm(x, qw, splits=splits)
+    ref = x.double() @ qw.dequantize(torch.float64)
+    assert y.dtype == dtype and y.shape == (M, N)
+    assert _rel_err(y, ref) < (1e-5 if dtype == torch.float32 else 2e-3)
+
+
+def test_w4_by_hand():
+    # K = 32 (one group), N = 1: w = 0.1 at row 0 and -0.2 at row 1 (scale 0.2 / 7), x = 1 at rows 0 and 1
+    w = torch.zeros(32, 1)
+    w[0, 0], w[1, 0] = 0.1, -0.2
+    qw = quant.quantize_int4(w, 32)
+    x = torch.zeros(1, 32)
+    x[0, 0], x[0, 1] = 1.0, 1.0
+    expect = float(qw.dequantize()[0, 0] + qw.dequantize()[1, 0])  # 0.2/7 * (round(3.5) = 4) - 0.2
+    assert float(qg.w4_mm(x, qw)[0, 0]) == pytest.approx(expect, rel=1e-6)
+
+
+def test_kernels_refuse_bad_input():
+    qw = quant.quantize_int4(torch.randn(64, 8), 32)
+    with pytest.raises(ValueError, match="K = 64"):
+        qg.w4_mm(torch.randn(1, 32), qw)
+    with pytest.raises(TypeError, match="Int4Weight"):
+        qg.w4_mm(torch.randn(1, 64), quant.quantize_int8(torch.randn(64, 8)))
+    with pytest.raises(ValueError, match="divide the group"):
+        qg.w4_mm(torch.randn(1, 64), qw, block_k=48)
+    with pytest.raises(TypeError, match="fp16, bf16 or fp32"):
+        qg.w8_mm(torch.ones(1, 64, dtype=torch.int32), quant.quantize_int8(torch.randn(64, 8)))
