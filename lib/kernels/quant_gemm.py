@@ -190,7 +190,18 @@ def _launch(kernel, x, args, M, N, K, cfg, splits, extra_strides, block_k, **met
     return out
 
 
-def w8_mm(x: torch.Tensor, w: Int8Weight, *, splits: int | None = None, block_k: int = 64) -> torch.Tensor:
+def _config(x, N, K, block_k, splits, block_n, num_warps, num_stages) -> dict:
+    """``choose_config``'s launch with any given parameter put in its place."""
+    cfg = choose_config(x.shape[0], N, K, launch.sm_count(x.device), block_k=block_k)
+    given = {"splits": splits, "block_n": block_n, "num_warps": num_warps, "num_stages": num_stages}
+    cfg.update({k: v for k, v in given.items() if v is not None})
+    if K % (cfg["splits"] * block_k):
+        raise ValueError(f"splits={cfg['splits']} must cut K={K} into slices that are whole tiles of {block_k}")
+    return cfg
+
+
+def w8_mm(x: torch.Tensor, w: Int8Weight, *, splits: int | None = None, block_k: int = 64, block_n: int | None = None,
+          num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
     """x [M, K] @ (w.q * w.scale) [K, N], the int8 weights dequantized in registers: [M, N] in x's dtype."""
     if not isinstance(w, Int8Weight):
         raise TypeError(f"w must be an Int8Weight (lib.quant.quantize_int8), got {type(w).__name__}")
@@ -198,15 +209,13 @@ def w8_mm(x: torch.Tensor, w: Int8Weight, *, splits: int | None = None, block_k:
     _check_x(x, K, w.q.device)
     if not w.q.is_contiguous() or not w.scale.is_contiguous() or w.scale.dtype != torch.float32:
         raise ValueError("w.q must be contiguous and w.scale a contiguous float32 vector")
-    cfg = choose_config(x.shape[0], N, K, launch.sm_count(x.device), block_k=block_k)
-    splits = splits or cfg["splits"]
-    if K % (splits * block_k):
-        raise ValueError(f"splits={splits} must cut K={K} into slices that are whole tiles of {block_k}")
-    return _launch(_w8_kernel, x, (w.q, w.scale), x.shape[0], N, K, cfg, splits, (x.stride(0), w.q.stride(0)),
+    cfg = _config(x, N, K, block_k, splits, block_n, num_warps, num_stages)
+    return _launch(_w8_kernel, x, (w.q, w.scale), x.shape[0], N, K, cfg, cfg["splits"], (x.stride(0), w.q.stride(0)),
                    block_k)
 
 
-def w4_mm(x: torch.Tensor, w: Int4Weight, *, splits: int | None = None, block_k: int | None = None) -> torch.Tensor:
+def w4_mm(x: torch.Tensor, w: Int4Weight, *, splits: int | None = None, block_k: int | None = None,
+          block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
     """x [M, K] @ (the int4 weights times their group scales) [K, N], dequantized in registers: [M, N] in x's
     dtype. ``block_k`` (rows of w per tile) defaults to min(64, group) and must divide the group."""
     if not isinstance(w, Int4Weight):
@@ -218,9 +227,6 @@ def w4_mm(x: torch.Tensor, w: Int4Weight, *, splits: int | None = None, block_k:
         raise ValueError(f"block_k={block_k} must be even and divide the group of {w.group} rows")
     if not w.packed.is_contiguous() or not w.scale.is_contiguous() or w.scale.dtype != torch.float32:
         raise ValueError("w.packed must be contiguous and w.scale a contiguous float32 tensor")
-    cfg = choose_config(x.shape[0], N, K, launch.sm_count(x.device), block_k=block_k)
-    splits = splits or cfg["splits"]
-    if K % (splits * block_k):
-        raise ValueError(f"splits={splits} must cut K={K} into slices that are whole tiles of {block_k}")
-    return _launch(_w4_kernel, x, (w.packed, w.scale), x.shape[0], N, K, cfg, splits,
+    cfg = _config(x, N, K, block_k, splits, block_n, num_warps, num_stages)
+    return _launch(_w4_kernel, x, (w.packed, w.scale), x.shape[0], N, K, cfg, cfg["splits"],
                    (w.group, x.stride(0), w.packed.stride(0), w.scale.stride(0)), block_k, HALF_K=block_k // 2)

@@ -1,0 +1,86 @@
+"""Sweep the quantized GEMMs' launch parameters at decode's rows on a GPU; prints the best per shape.
+
+    python tools/tuning/quant_sweep.py [--out rows.json] [--rows 1,16] [--formats int8,int4]
+
+For Llama-3-8B's four layer products and each row count: every launch of a grid of tiles (block_n,
+block_k), splits of K and warps for ``w8_mm`` (int8) and ``w4_mm`` (int4, groups of 128), checked against
+the float32 product of the dequantized weights first, then timed by CUDA-graph replay over copies of the
+weights that defeat the L2, beside bf16 cuBLAS on the same matrices. Each row has the GPU time, the bytes
+read (weights and scales) over it as a fraction of chapter 0's read rate, and the speedup over bf16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import records  # noqa: E402
+import torch  # noqa: E402
+
+from lib import quant  # noqa: E402
+from lib.bench import ceilings, timing  # noqa: E402
+from lib.kernels import quant_gemm as qg  # noqa: E402
+
+SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
+GRID = {"block_n": (64, 128, 256), "block_k": (64, 128), "splits": (1, 2, 4, 8, 16), "num_warps": (4, 8)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--rows", default="1,16")
+    ap.add_argument("--formats", default="int8,int4")
+    args = ap.parse_args()
+    read_bw = ceilings.load()["read_bw_GBps"] * 1e9
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for name, (K, N) in SHAPES.items():
+        copies = timing.rotation(K * N * 2, l2)
+        ws = [(torch.randn(K, N, device="cuda", generator=gen) * 0.02).to(torch.bfloat16) for _ in range(copies)]
+        for M in (int(m) for m in args.rows.split(",")):
+            x = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
+
+            def time_of(calls):
+                return timing.bench(calls, device="cuda", reps=3, warmup=1, target_ms=0.5).gpu_us.median
+
+            base = time_of([lambda w=w, x=x: x @ w for w in ws])
+            for fmt in args.formats.split(","):
+                qws = [quant.quantize_int8(w) if fmt == "int8" else quant.quantize_int4(w, 128) for w in ws]
+                fn = qg.w8_mm if fmt == "int8" else qg.w4_mm
+                nbytes = K * N + 4 * N if fmt == "int8" else K * N // 2 + 4 * (K // 128) * N
+                ref = x.float() @ qws[0].dequantize(torch.float32)
+                best = None
+                for vals in itertools.product(*GRID.values()):
+                    kw = dict(zip(GRID, vals))
+                    if K % (kw["splits"] * kw["block_k"]):
+                        continue
+                    try:
+                        y = fn(x, qws[0], **kw)
+                    except Exception as ex:  # a launch this GPU refuses: recorded, not fatal
+                        rows.append({"shape": name, "M": M, "format": fmt, **kw, "error": str(ex)[:200]})
+                        continue
+                    err = float((y.float() - ref).norm() / ref.norm())
+                    if not err < 2e-2:
+                        raise AssertionError(f"{name} M={M} {fmt} {kw}: relative error {err:.3g}")
+                    us = time_of([lambda q=q, x=x, kw=kw, fn=fn: fn(x, q, **kw) for q in qws])
+                    row = {"shape": name, "M": M, "K": K, "N": N, "format": fmt, **kw, "gpu_us": us,
+                           "of_read_rate": nbytes / us * 1e6 / read_bw, "bf16_us": base, "speedup": base / us}
+                    rows.append(row)
+                    if best is None or us < best["gpu_us"]:
+                        best = row
+                print(f"{name:8s} M={M:3d} {fmt}: bf16 {base:6.1f} us; best {best['gpu_us']:6.1f} us x{best['speedup']:.2f} "
+                      f"({best['of_read_rate']:.2f} of read) {({k: best[k] for k in GRID})}", flush=True)
+                records.write(args.out, rows, tool=__file__)
+                del qws
+        del ws
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
