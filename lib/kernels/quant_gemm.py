@@ -11,7 +11,8 @@ dtype in registers, and multiply; no dequantized copy of w is ever written.
   ``block_k`` rows (at most one group) is loaded as ``block_k / 2`` rows of bytes; the low four bits give
   the even rows, the high four the odd ones, each sign-extended. x's even and odd columns multiply them as
   two products, and the group's scales multiply the tile's sum before it is added: one multiply per column
-  per tile, not per weight.
+  per tile, not per weight. For 16-bit x a nibble becomes a float by one XOR into the bits of a constant
+  (``_MAGIC``): the product then carries a known offset times the sum of x, subtracted once per tile.
 
 The weights come in ``Int8Weight`` and ``Int4Weight`` (made by ``lib.quant``'s quantizers); the packing
 of int4 (``pack_int4``, ``unpack_int4``) is defined here, beside the kernel that reads it.
@@ -120,7 +121,8 @@ def _w8_kernel(X, Q, S, P, M, N, K, K_SPLIT, stride_xm, stride_qk, stride_ps, st
 
 @triton.jit
 def _w4_kernel(X, Q, S, P, M, N, K, K_SPLIT, GROUP, stride_xm, stride_qk, stride_sg, stride_ps, stride_pm,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALF_K: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALF_K: tl.constexpr,
+               MAGIC: tl.constexpr, OFFSET: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -132,19 +134,35 @@ def _w4_kernel(X, Q, S, P, M, N, K, K_SPLIT, GROUP, stride_xm, stride_qk, stride
     k_lo = pid_s * K_SPLIT
     for k in range(k_lo, k_lo + K_SPLIT, BLOCK_K):  # K is a whole number of tiles; a tile lies in one group
         rb = k // 2 + tl.arange(0, HALF_K)  # rows of bytes: byte row i holds rows 2i and 2i + 1 of w
-        b = tl.load(Q + rb[:, None] * stride_qk + rn[None, :], mask=nmask[None, :], other=0).to(tl.int32)
-        lo = b & 0xF
-        hi = (b >> 4) & 0xF
-        lo = tl.where(lo >= 8, lo - 16, lo)
-        hi = tl.where(hi >= 8, hi - 16, hi)
+        b = tl.load(Q + rb[:, None] * stride_qk + rn[None, :], mask=nmask[None, :], other=0)
         re = k + 2 * tl.arange(0, HALF_K)
         xe = tl.load(X + rm[:, None] * stride_xm + re[None, :], mask=mmask[:, None], other=0.0)
         xo = tl.load(X + rm[:, None] * stride_xm + (re + 1)[None, :], mask=mmask[:, None], other=0.0)
-        part = tl.dot(xe, lo.to(X.dtype.element_ty)) + tl.dot(xo, hi.to(X.dtype.element_ty))
+        if MAGIC:
+            # a nibble n (q's four bits) XOR 0x8 is q + 8; OR'd into the bits of OFFSET - 8 (a 16-bit float
+            # whose last mantissa bit is worth 1) it is the float OFFSET + q, made by one XOR and no
+            # conversion; x @ (OFFSET + q) less OFFSET times the sum of x is x @ q
+            b16 = b.to(tl.int16)
+            lo = ((b16 & 0xF) ^ MAGIC).to(tl.int16).to(X.dtype.element_ty, bitcast=True)
+            hi = ((b16 >> 4) ^ MAGIC).to(tl.int16).to(X.dtype.element_ty, bitcast=True)
+            xsum = tl.sum(xe.to(tl.float32) + xo.to(tl.float32), axis=1)
+            part = tl.dot(xe, lo) + tl.dot(xo, hi) - OFFSET * xsum[:, None]
+        else:  # float32 x: unpack and convert (the values -8..7 are exact)
+            b = b.to(tl.int32)
+            lo = b & 0xF
+            hi = (b >> 4) & 0xF
+            lo = tl.where(lo >= 8, lo - 16, lo)
+            hi = tl.where(hi >= 8, hi - 16, hi)
+            part = tl.dot(xe, lo.to(X.dtype.element_ty)) + tl.dot(xo, hi.to(X.dtype.element_ty))
         s = tl.load(S + (k // GROUP) * stride_sg + rn, mask=nmask, other=0.0)
         acc += part * s[None, :]
     tl.store(P + pid_s * stride_ps + rm[:, None] * stride_pm + rn[None, :], acc.to(P.dtype.element_ty),
              mask=mmask[:, None] & nmask[None, :])
+
+
+# for 16-bit x: the bits of OFFSET - 8 XOR 0x8, and OFFSET (the float whose last mantissa bit is worth 1,
+# plus 8): bf16 128 (0x4300), fp16 1024 (0x6400); float32 x converts instead
+_MAGIC = {torch.bfloat16: (0x4308, 136.0), torch.float16: (0x6408, 1032.0), torch.float32: (0, 0.0)}
 
 
 def choose_config(M: int, N: int, K: int, sms: int, *, block_k: int = 64) -> dict:
@@ -229,4 +247,5 @@ def w4_mm(x: torch.Tensor, w: Int4Weight, *, splits: int | None = None, block_k:
         raise ValueError("w.packed must be contiguous and w.scale a contiguous float32 tensor")
     cfg = _config(x, N, K, block_k, splits, block_n, num_warps, num_stages)
     return _launch(_w4_kernel, x, (w.packed, w.scale), x.shape[0], N, K, cfg, cfg["splits"],
-                   (w.group, x.stride(0), w.packed.stride(0), w.scale.stride(0)), block_k, HALF_K=block_k // 2)
+                   (w.group, x.stride(0), w.packed.stride(0), w.scale.stride(0)), block_k, HALF_K=block_k // 2,
+                   MAGIC=_MAGIC[x.dtype][0], OFFSET=_MAGIC[x.dtype][1])
