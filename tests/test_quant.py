@@ -89,26 +89,28 @@ def _rel_err(y, ref):
     return float((y.double() - ref).norm() / ref.norm())
 
 
+@pytest.mark.parametrize("swap", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("M,K,N,splits", [(1, 256, 200, 1), (3, 512, 96, 2), (17, 256, 64, 1), (70, 128, 130, 2)])
-def test_w8_matches_float64(dtype, M, K, N, splits):
+def test_w8_matches_float64(dtype, M, K, N, splits, swap):
     g = torch.Generator().manual_seed(M * 7 + K)
     x, w = torch.randn(M, K, generator=g).to(dtype), torch.randn(K, N, generator=g) * 0.02
     qw = quant.quantize_int8(w)
-    y = qg.w8_mm(x, qw, splits=splits)
+    y = qg.w8_mm(x, qw, splits=splits, swap=swap)
     ref = x.double() @ qw.dequantize(torch.float64)
     assert y.dtype == dtype and y.shape == (M, N)
     assert _rel_err(y, ref) < (1e-5 if dtype == torch.float32 else 2e-3)
 
 
+@pytest.mark.parametrize("swap", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("M,K,N,group,splits", [(1, 256, 200, 128, 1), (2, 512, 64, 32, 2), (5, 256, 96, 64, 1),
                                                 (20, 512, 64, 256, 2), (65, 256, 70, 128, 1)])
-def test_w4_matches_float64(dtype, M, K, N, group, splits):
+def test_w4_matches_float64(dtype, M, K, N, group, splits, swap):
     g = torch.Generator().manual_seed(M * 11 + group)
     x, w = torch.randn(M, K, generator=g).to(dtype), torch.randn(K, N, generator=g) * 0.02
     qw = quant.quantize_int4(w, group)
-    y = qg.w4_mm(x, qw, splits=splits)
+    y = qg.w4_mm(x, qw, splits=splits, swap=swap)
     ref = x.double() @ qw.dequantize(torch.float64)
     assert y.dtype == dtype and y.shape == (M, N)
     assert _rel_err(y, ref) < (1e-5 if dtype == torch.float32 else 2e-3)

@@ -17,6 +17,10 @@ dtype in registers, and multiply; no dequantized copy of w is ever written.
 The weights come in ``Int8Weight`` and ``Int4Weight`` (made by ``lib.quant``'s quantizers); the packing
 of int4 (``pack_int4``, ``unpack_int4``) is defined here, beside the kernel that reads it.
 
+With ``swap`` both compute the transposed product w^T x^T, so that the weights converted in registers are
+the first operand of the tensor-core product (on Hopper, the operand a product can take from registers)
+and x^T the second.
+
 Both split K across programs as ``lib.kernels.skinny_gemm`` does when the matrix is narrow (float32
 partial sums, added by a second small kernel), tile M in blocks of 16 or 64 rows, accumulate in float32,
 and take x in fp16, bf16 or fp32. In Triton's interpreter (CPU) they run in fp16 and fp32.
@@ -97,7 +101,7 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _w8_kernel(X, Q, S, P, M, N, K, K_SPLIT, stride_xm, stride_qk, stride_ps, stride_pm,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -105,24 +109,33 @@ def _w8_kernel(X, Q, S, P, M, N, K, K_SPLIT, stride_xm, stride_qk, stride_ps, st
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = rm < M
     nmask = rn < N
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP:  # (w^T x^T): the converted weights are the product's first operand
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_lo = pid_s * K_SPLIT
     for k in range(k_lo, k_lo + K_SPLIT, BLOCK_K):
         rk = k + tl.arange(0, BLOCK_K)
         kmask = rk < K
         x = tl.load(X + rm[:, None] * stride_xm + rk[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
         q = tl.load(Q + rk[:, None] * stride_qk + rn[None, :], mask=kmask[:, None] & nmask[None, :], other=0)
-        acc += tl.dot(x, q.to(X.dtype.element_ty))
+        if SWAP:
+            acc += tl.dot(tl.trans(q.to(X.dtype.element_ty)), tl.trans(x))
+        else:
+            acc += tl.dot(x, q.to(X.dtype.element_ty))
     s = tl.load(S + rn, mask=nmask, other=0.0)
-    acc = acc * s[None, :]
-    tl.store(P + pid_s * stride_ps + rm[:, None] * stride_pm + rn[None, :], acc.to(P.dtype.element_ty),
+    if SWAP:
+        out = tl.trans(acc * s[:, None])
+    else:
+        out = acc * s[None, :]
+    tl.store(P + pid_s * stride_ps + rm[:, None] * stride_pm + rn[None, :], out.to(P.dtype.element_ty),
              mask=mmask[:, None] & nmask[None, :])
 
 
 @triton.jit
 def _w4_kernel(X, Q, S, P, M, N, K, K_SPLIT, GROUP, stride_xm, stride_qk, stride_sg, stride_ps, stride_pm,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALF_K: tl.constexpr,
-               MAGIC: tl.constexpr, OFFSET: tl.constexpr):
+               MAGIC: tl.constexpr, OFFSET: tl.constexpr, SWAP: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -130,7 +143,10 @@ def _w4_kernel(X, Q, S, P, M, N, K, K_SPLIT, GROUP, stride_xm, stride_qk, stride
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = rm < M
     nmask = rn < N
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP:  # (w^T x^T): the converted weights are the product's first operand
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_lo = pid_s * K_SPLIT
     for k in range(k_lo, k_lo + K_SPLIT, BLOCK_K):  # K is a whole number of tiles; a tile lies in one group
         rb = k // 2 + tl.arange(0, HALF_K)  # rows of bytes: byte row i holds rows 2i and 2i + 1 of w
@@ -145,18 +161,26 @@ def _w4_kernel(X, Q, S, P, M, N, K, K_SPLIT, GROUP, stride_xm, stride_qk, stride
             b16 = b.to(tl.int16)
             lo = ((b16 & 0xF) ^ MAGIC).to(tl.int16).to(X.dtype.element_ty, bitcast=True)
             hi = ((b16 >> 4) ^ MAGIC).to(tl.int16).to(X.dtype.element_ty, bitcast=True)
-            xsum = tl.sum(xe.to(tl.float32) + xo.to(tl.float32), axis=1)
-            part = tl.dot(xe, lo) + tl.dot(xo, hi) - OFFSET * xsum[:, None]
+            xsum = OFFSET * tl.sum(xe.to(tl.float32) + xo.to(tl.float32), axis=1)
         else:  # float32 x: unpack and convert (the values -8..7 are exact)
             b = b.to(tl.int32)
             lo = b & 0xF
             hi = (b >> 4) & 0xF
-            lo = tl.where(lo >= 8, lo - 16, lo)
-            hi = tl.where(hi >= 8, hi - 16, hi)
-            part = tl.dot(xe, lo.to(X.dtype.element_ty)) + tl.dot(xo, hi.to(X.dtype.element_ty))
+            lo = tl.where(lo >= 8, lo - 16, lo).to(X.dtype.element_ty)
+            hi = tl.where(hi >= 8, hi - 16, hi).to(X.dtype.element_ty)
+            xsum = tl.zeros((BLOCK_M,), dtype=tl.float32)
         s = tl.load(S + (k // GROUP) * stride_sg + rn, mask=nmask, other=0.0)
-        acc += part * s[None, :]
-    tl.store(P + pid_s * stride_ps + rm[:, None] * stride_pm + rn[None, :], acc.to(P.dtype.element_ty),
+        if SWAP:
+            part = tl.dot(tl.trans(lo), tl.trans(xe)) + tl.dot(tl.trans(hi), tl.trans(xo)) - xsum[None, :]
+            acc += part * s[:, None]
+        else:
+            part = tl.dot(xe, lo) + tl.dot(xo, hi) - xsum[:, None]
+            acc += part * s[None, :]
+    if SWAP:
+        out = tl.trans(acc)
+    else:
+        out = acc
+    tl.store(P + pid_s * stride_ps + rm[:, None] * stride_pm + rn[None, :], out.to(P.dtype.element_ty),
              mask=mmask[:, None] & nmask[None, :])
 
 
@@ -219,7 +243,7 @@ def _config(x, N, K, block_k, splits, block_n, num_warps, num_stages) -> dict:
 
 
 def w8_mm(x: torch.Tensor, w: Int8Weight, *, splits: int | None = None, block_k: int = 64, block_n: int | None = None,
-          num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+          num_warps: int | None = None, num_stages: int | None = None, swap: bool = False) -> torch.Tensor:
     """x [M, K] @ (w.q * w.scale) [K, N], the int8 weights dequantized in registers: [M, N] in x's dtype."""
     if not isinstance(w, Int8Weight):
         raise TypeError(f"w must be an Int8Weight (lib.quant.quantize_int8), got {type(w).__name__}")
@@ -229,11 +253,12 @@ def w8_mm(x: torch.Tensor, w: Int8Weight, *, splits: int | None = None, block_k:
         raise ValueError("w.q must be contiguous and w.scale a contiguous float32 vector")
     cfg = _config(x, N, K, block_k, splits, block_n, num_warps, num_stages)
     return _launch(_w8_kernel, x, (w.q, w.scale), x.shape[0], N, K, cfg, cfg["splits"], (x.stride(0), w.q.stride(0)),
-                   block_k)
+                   block_k, SWAP=bool(swap))
 
 
 def w4_mm(x: torch.Tensor, w: Int4Weight, *, splits: int | None = None, block_k: int | None = None,
-          block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+          block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+          swap: bool = False) -> torch.Tensor:
     """x [M, K] @ (the int4 weights times their group scales) [K, N], dequantized in registers: [M, N] in x's
     dtype. ``block_k`` (rows of w per tile) defaults to min(64, group) and must divide the group."""
     if not isinstance(w, Int4Weight):
@@ -248,4 +273,4 @@ def w4_mm(x: torch.Tensor, w: Int4Weight, *, splits: int | None = None, block_k:
     cfg = _config(x, N, K, block_k, splits, block_n, num_warps, num_stages)
     return _launch(_w4_kernel, x, (w.packed, w.scale), x.shape[0], N, K, cfg, cfg["splits"],
                    (w.group, x.stride(0), w.packed.stride(0), w.scale.stride(0)), block_k, HALF_K=block_k // 2,
-                   MAGIC=_MAGIC[x.dtype][0], OFFSET=_MAGIC[x.dtype][1])
+                   MAGIC=_MAGIC[x.dtype][0], OFFSET=_MAGIC[x.dtype][1], SWAP=bool(swap))

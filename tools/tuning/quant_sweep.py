@@ -3,10 +3,11 @@
     python tools/tuning/quant_sweep.py [--out rows.json] [--rows 1,16] [--formats int8,int4]
 
 For Llama-3-8B's four layer products and each row count: every launch of a grid of tiles (block_n,
-block_k), splits of K and warps for ``w8_mm`` (int8) and ``w4_mm`` (int4, groups of 128), checked against
-the float32 product of the dequantized weights first, then timed by CUDA-graph replay over copies of the
-weights that defeat the L2, beside bf16 cuBLAS on the same matrices. Each row has the GPU time, the bytes
-read (weights and scales) over it as a fraction of chapter 0's read rate, and the speedup over bf16.
+block_k), splits of K, warps and the operand order (``swap``) for ``w8_mm`` (int8) and ``w4_mm`` (int4,
+groups of 128), checked against the float32 product of the dequantized weights first, then timed by
+CUDA-graph replay over copies of the weights that defeat the L2, beside bf16 cuBLAS on the same matrices.
+Each row has the GPU time, the bytes read (weights and scales) over it as a fraction of chapter 0's read
+rate, and the speedup over bf16.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from lib.bench import ceilings, timing  # noqa: E402
 from lib.kernels import quant_gemm as qg  # noqa: E402
 
 SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
-GRID = {"block_n": (64, 128, 256), "block_k": (64, 128), "splits": (1, 2, 4, 8, 16), "num_warps": (4, 8)}
+GRID = {"block_n": (64, 128, 256), "block_k": (64, 128), "splits": (1, 2, 4, 8, 16), "num_warps": (4, 8),
+        "swap": (False, True)}
 
 
 def main() -> int:
