@@ -1,0 +1,214 @@
+"""Chapter 9's experiment: decode's GEMMs with quantized weights, against bf16 and the vendors' paths.
+
+``measure(params, device)`` takes each layer product (K, N) of ``params["shapes"]`` (Llama-3-8B's four on a
+GPU), draws its weights (standard deviation 0.02, in ``dtype``) and, for each format of ``formats``:
+
+- quantizes them (``lib.quant``) and checks the format's product at the first row count against the
+  float64 product of x with the format's own dequantized weights (``check``): a path of the book that
+  misses raises; a vendor path that misses is recorded with its error and not timed;
+- times it at every row count M of ``params["rows"]`` with ``lib.bench.timing.bench`` (GPU time by
+  CUDA-graph replay and call time), over enough copies of the weights to defeat the L2 on a GPU, in
+  ``rounds`` interleaved rounds (the formats' order reversed every other round; the median of the rounds'
+  medians is kept).
+
+The formats: "bf16" (``x @ w``, cuBLAS), "int8" (``lib.kernels.quant_gemm.w8_mm``), "int4 gG" for each group
+G of ``params["groups"]`` (``w4_mm``); on a GPU also torch's weight-only paths, "torch int8"
+(``torch._weight_int8pack_mm``) and "torch int4 g128" (``torch._weight_int4pack_mm``, the tinygemm kernel),
+and "fp8" (``torch._scaled_mm``, cuBLASLt, e4m3 weights and activations with one scale each; the call
+quantizes x as a W8A8 layer must, and pads its rows to 16).
+
+``errors(params, device)`` is the error study: for Gaussian weights, weights with outlier input channels
+(1% of the rows of w 20 times larger) and heavy-tailed weights (Student's t with 3 degrees of freedom), the
+relative error of each format's product against the product with the unquantized bf16 weights, in float64,
+at each shape. It needs no GPU (a smoke run does it on the CPU at its small shapes).
+
+Chapters: 9.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from lib import quant
+from lib.bench import timing
+from lib.experiments import require
+from lib.kernels import quant_gemm
+
+PARAMS = ("shapes", "rows", "groups", "dtype", "reps", "target_ms", "rounds", "seed", "tolerance")
+SHAPES_8B = {"qkv": [4096, 6144], "o": [4096, 4096], "gate_up": [4096, 28672], "down": [14336, 4096]}
+WEIGHT_KINDS = ("gaussian", "outlier channels", "heavy tails")
+
+
+def sweep(size: str) -> dict:
+    """"full": Llama-3-8B's four products in bf16, 1 to 4,096 rows; "smoke": small products in float32 (the
+    interpreter's kernels), seconds on a CPU."""
+    if size == "full":
+        return {"shapes": SHAPES_8B, "rows": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096],
+                "groups": [32, 64, 128, 256], "dtype": "bfloat16", "reps": 5, "target_ms": 1.0, "rounds": 3,
+                "seed": 0, "tolerance": 2e-2}
+    if size == "smoke":
+        return {"shapes": {"a": [256, 96], "b": [512, 64]}, "rows": [1, 5], "groups": [32, 128], "dtype": "float32",
+                "reps": 1, "target_ms": 0.2, "rounds": 1, "seed": 0, "tolerance": 1e-4}
+    raise ValueError(f"size must be 'full' or 'smoke', got {size!r}")
+
+
+def weights(kind: str, K: int, N: int, *, seed: int, device: str) -> torch.Tensor:
+    """float32 weights [K, N] of ``kind`` (see the module), standard deviation about 0.02."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    w = torch.randn(K, N, generator=g, device=device) * 0.02
+    if kind == "outlier channels":
+        rows = torch.randperm(K, generator=g, device=device)[: max(1, K // 100)]
+        w[rows] *= 20
+    elif kind == "heavy tails":
+        chi2 = torch.randn(3, K, N, generator=g, device=device).pow(2).sum(0)  # Student's t, 3 degrees of freedom
+        w = w / (chi2 / 3).sqrt() / 3 ** 0.5  # t_3 has variance 3: scaled back to about 0.02
+    elif kind != "gaussian":
+        raise ValueError(f"kind must be one of {WEIGHT_KINDS}, got {kind!r}")
+    return w
+
+
+class Format:
+    """One way of storing w and multiplying by it: ``prepare(w)`` gives the stored form, ``call(x, s)`` the
+    product, ``effective(s)`` the float32 weights the product uses (what it is checked against), ``nbytes``
+    the bytes it reads per product."""
+
+    def __init__(self, name, prepare, call, effective, nbytes, vendor=False):
+        self.name, self.prepare, self.call, self.effective, self.nbytes = name, prepare, call, effective, nbytes
+        self.vendor = vendor
+
+
+def formats(params: dict, device: str) -> list[Format]:
+    """The formats of the run (see the module); the vendor paths only on a GPU."""
+    dtype = getattr(torch, params["dtype"])
+    out = [Format("bf16", lambda w: w.to(dtype), lambda x, s: x @ s, lambda s: s.float(), lambda K, N: 2 * K * N),
+           Format("int8", quant.quantize_int8, quant_gemm.w8_mm, lambda s: s.dequantize(),
+                  lambda K, N: K * N + 4 * N)]
+    for g in params["groups"]:
+        out.append(Format(f"int4 g{g}", lambda w, g=g: quant.quantize_int4(w, g), quant_gemm.w4_mm,
+                          lambda s: s.dequantize(), lambda K, N, g=g: K * N // 2 + 4 * (K // g) * N))
+    if device == "cuda":
+        out += [Format("torch int8", _torch_int8, _torch_int8_mm, lambda s: s[2], lambda K, N: K * N + 2 * N, True),
+                Format("torch int4 g128", _torch_int4, _torch_int4_mm, lambda s: s[3],
+                       lambda K, N: K * N // 2 + 4 * (K // 128) * N, True),
+                Format("fp8", _fp8, _fp8_mm, lambda s: s[2], lambda K, N: K * N, True)]
+    return out
+
+
+def _torch_int8(w):
+    q = quant.quantize_int8(w)
+    return q.q.t().contiguous(), q.scale.to(torch.bfloat16), q.dequantize()
+
+
+def _torch_int8_mm(x, s):
+    return torch._weight_int8pack_mm(x, s[0], s[1])
+
+
+def _torch_int4(w):
+    """tinygemm's layout: the values q + 8 (0..15) of w^T [N, K], row k even in the high four bits, packed by
+    ``_convert_weight_to_int4pack``; scales and zero points [K / 128, N, 2] with the zero points 0."""
+    q = quant.quantize_int4(w, 128)
+    u = (q.values().to(torch.int32) + 8).t().contiguous()
+    packed = torch.ops.aten._convert_weight_to_int4pack((u[:, ::2] << 4 | u[:, 1::2]).to(torch.uint8), 8)
+    sz = torch.stack([q.scale, torch.zeros_like(q.scale)], dim=-1).to(torch.bfloat16).contiguous()
+    return packed, sz, 128, q.dequantize()
+
+
+def _torch_int4_mm(x, s):
+    return torch._weight_int4pack_mm(x, s[0], s[2], s[1])
+
+
+def _fp8(w):
+    scale = (w.abs().amax().float() / 448.0).clamp(min=1e-12)
+    w8 = (w.float() / scale).to(torch.float8_e4m3fn)
+    return w8.t().contiguous().t(), scale, w8.float() * scale  # column-major, as cuBLASLt takes the second operand
+
+
+def _fp8_mm(x, s):
+    """x quantized to e4m3 with one scale (part of the call: a W8A8 layer does it), rows padded to 16."""
+    M = x.shape[0]
+    xs = (x.abs().amax().float() / 448.0).clamp(min=1e-12)
+    x8 = (x.float() / xs).to(torch.float8_e4m3fn)
+    if M % 16:
+        x8 = torch.cat([x8, x8.new_zeros(16 - M % 16, x8.shape[1])])
+    return torch._scaled_mm(x8, s[0], scale_a=xs, scale_b=s[1], out_dtype=torch.bfloat16)[:M]
+
+
+def check(fmt: Format, x: torch.Tensor, state) -> float:
+    """Relative error of the format's product against x @ its own effective weights in float64."""
+    ref = x.double() @ fmt.effective(state).double()
+    y = fmt.call(x, state)
+    return float((y.double() - ref).norm() / ref.norm())
+
+
+def measure(params: dict, device: str) -> dict:
+    """Every format at every shape and row count (see the module): {"rows": [...], "checks": [...]}, and the
+    error study."""
+    require(params, PARAMS)
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
+    dtype = getattr(torch, params["dtype"])
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda" else 0
+    rows, checks = [], []
+    for si, (name, (K, N)) in enumerate(params["shapes"].items()):
+        w = weights("gaussian", K, N, seed=params["seed"] + si, device=device).to(dtype)
+        copies = timing.rotation(2 * K * N, l2) if l2 else 1
+        ws = [w] + [w[torch.randperm(K, device=device)] for _ in range(copies - 1)]  # same values, other rows
+        prepared = {}
+        for f in formats(params, device):
+            states = [f.prepare(c) for c in ws]
+            x = torch.randn(params["rows"][0], K, device=device).to(dtype)
+            try:
+                err = check(f, x, states[0])
+            except Exception as ex:  # noqa: BLE001 - a vendor path this build lacks is recorded, not fatal
+                if not f.vendor:
+                    raise
+                checks.append({"shape": name, "format": f.name, "error": f"{type(ex).__name__}: {ex}"[:300]})
+                continue
+            checks.append({"shape": name, "format": f.name, "rel_err": err})
+            if not err <= params["tolerance"]:
+                if not f.vendor:
+                    raise AssertionError(f"{f.name} at {name}: relative error {err:.3g} against its own weights, over "
+                                         f"{params['tolerance']}: the kernel computes something else")
+                continue
+            prepared[f.name] = (f, states)
+        for M in params["rows"]:
+            x = torch.randn(M, K, device=device).to(dtype)
+            times = {n: [] for n in prepared}
+            for r in range(params["rounds"]):
+                order = list(prepared) if r % 2 == 0 else list(reversed(prepared))
+                for n in order:
+                    f, states = prepared[n]
+                    t = timing.bench([lambda s=s, f=f, x=x: f.call(x, s) for s in states], device=device,
+                                     reps=params["reps"], warmup=2, target_ms=params["target_ms"])
+                    times[n].append((t.gpu_us.median, t.call_us.median, t.method))
+            for n, ts in times.items():
+                f = prepared[n][0]
+                gpu = [g for g, _, _ in ts if g == g]
+                rows.append({"shape": name, "K": K, "N": N, "M": M, "format": n, "bytes": f.nbytes(K, N),
+                             "gpu_us": statistics.median(gpu) if gpu else None,
+                             "call_us": statistics.median(c for _, c, _ in ts), "method": ts[0][2]})
+        del ws, prepared
+    return {"rows": rows, "checks": checks, "errors": errors(params, device)}
+
+
+def errors(params: dict, device: str) -> list[dict]:
+    """The error study (see the module): one row per (shape, weight kind, format)."""
+    dtype = getattr(torch, params["dtype"])
+    out = []
+    for si, (name, (K, N)) in enumerate(params["shapes"].items()):
+        x = torch.randn(16, K, generator=torch.Generator(device=device).manual_seed(params["seed"] + 100 + si),
+                        device=device).to(dtype)
+        for kind in WEIGHT_KINDS:
+            w = weights(kind, K, N, seed=params["seed"] + si, device=device).to(dtype)
+            ref = x.double() @ w.double()
+            cands = {"int8": quant.quantize_int8(w).dequantize()}
+            for g in params["groups"]:
+                cands[f"int4 g{g}"] = quant.quantize_int4(w, g).dequantize()
+            fp8_scale = w.abs().amax().float() / 448.0
+            cands["fp8 (weights)"] = (w.float() / fp8_scale).to(torch.float8_e4m3fn).float() * fp8_scale
+            for fmt, deq in cands.items():
+                err = float((x.double() @ deq.double() - ref).norm() / ref.norm())
+                out.append({"shape": name, "weights": kind, "format": fmt, "rel_err": err})
+    return out

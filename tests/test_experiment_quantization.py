@@ -1,0 +1,47 @@
+"""Chapter 9's experiment (lib.experiments.quantization) at its smoke size on the CPU: every format is checked
+and timed at every shape and row count, and the error study orders the formats as their step sizes say."""
+
+import pytest
+
+from lib.experiments import quantization as qx
+
+
+@pytest.fixture(scope="module")
+def smoke():
+    p = qx.sweep("smoke")
+    return p, qx.measure(p, "cpu")
+
+
+def test_every_format_is_checked_and_timed(smoke):
+    p, d = smoke
+    names = {"bf16", "int8"} | {f"int4 g{g}" for g in p["groups"]}
+    assert {c["format"] for c in d["checks"]} == names  # no vendor path on a CPU
+    assert all(c["rel_err"] <= p["tolerance"] for c in d["checks"])
+    got = {(r["shape"], r["M"], r["format"]) for r in d["rows"]}
+    assert got == {(s, M, f) for s in p["shapes"] for M in p["rows"] for f in names}
+    assert all(r["call_us"] > 0 for r in d["rows"])
+    K, N = p["shapes"]["a"]
+    by = {r["format"]: r["bytes"] for r in d["rows"] if r["shape"] == "a"}
+    assert by["bf16"] == 2 * K * N and by["int4 g32"] == K * N // 2 + 4 * (K // 32) * N
+
+
+def test_errors_follow_the_step_sizes(smoke):
+    """int8's step is max|w| / 127 per column, int4's max|w| / 7 per group: int8 errs least; a smaller group
+    has a smaller max and errs less; outlier input channels raise every column's max, so they hurt int8 (one
+    scale per column) more than they hurt int4 in groups of 32 (the outlier rows own few groups)."""
+    p, d = smoke
+    e = {(r["shape"], r["weights"], r["format"]): r["rel_err"] for r in d["errors"]}
+    for s in p["shapes"]:
+        for kind in qx.WEIGHT_KINDS:
+            assert e[s, kind, "int8"] < e[s, kind, "int4 g32"] <= e[s, kind, "int4 g128"] * 1.05
+        assert e[s, "outlier channels", "int8"] > 2 * e[s, "gaussian", "int8"]
+        growth8 = e[s, "outlier channels", "int8"] / e[s, "gaussian", "int8"]
+        growth4 = e[s, "outlier channels", "int4 g32"] / e[s, "gaussian", "int4 g32"]
+        assert growth4 < growth8
+
+
+def test_bad_sizes_and_kinds_are_refused():
+    with pytest.raises(ValueError, match="size"):
+        qx.sweep("huge")
+    with pytest.raises(ValueError, match="kind"):
+        qx.weights("uniform", 8, 8, seed=0, device="cpu")
