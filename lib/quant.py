@@ -18,7 +18,9 @@ division by zero.
 
 The containers (``Int8Weight``, ``Int4Weight``) and the packing live with the kernels that read them
 (``lib.kernels.quant_gemm``) and are re-exported here. ``bytes_per_weight`` gives each format's bytes per
-weight, scales included: what chapter 9's prediction of the decode speedup divides by.
+weight, scales included: what chapter 9's prediction of the decode speedup divides by (``speedup_bound``);
+``predict_us`` gives a product's least time as the largest of its memory, matrix and conversion times, and
+``crossover_rows`` the row count at which the matrix work catches up with the read.
 
 Chapters: 9.
 """
@@ -29,8 +31,8 @@ import torch
 
 from lib.kernels.quant_gemm import GROUPS, Int4Weight, Int8Weight, pack_int4, unpack_int4
 
-__all__ = ["GROUPS", "Int4Weight", "Int8Weight", "bytes_per_weight", "pack_int4", "quantize_int4", "quantize_int8",
-           "unpack_int4"]
+__all__ = ["GROUPS", "OPS_PER_WEIGHT", "Int4Weight", "Int8Weight", "bytes_per_weight", "crossover_rows", "pack_int4",
+           "predict_us", "quantize_int4", "quantize_int8", "speedup_bound", "unpack_int4"]
 
 
 def _check_weight(w: torch.Tensor) -> None:
@@ -83,3 +85,37 @@ def bytes_per_weight(fmt: str, group: int | None = None, *, K: int = 4096, scale
             raise ValueError(f"int4 needs a group in {GROUPS}, got {group!r}")
         return 0.5 + scale_bytes / group
     raise ValueError(f"unknown format {fmt!r}: one of 'bf16', 'fp8', 'int8', 'int4'")
+
+
+# CUDA-core instructions that turn one stored weight into the product's input in lib.kernels.quant_gemm's
+# main loop, counted from its source: int8 one conversion; int4 (two weights a byte) an AND, a shift, two
+# XORs and the byte's widening, 2.5 a weight; bf16 none. A model's count, to be set against measurement.
+OPS_PER_WEIGHT = {"bf16": 0.0, "int8": 1.0, "int4": 2.5}
+
+
+def predict_us(fmt: str, M: int, K: int, N: int, *, read_GBps: float, mma_TFLOPs: float, alu_Tops: float,
+               group: int = 128, block_m: int = 64) -> dict:
+    """The least time of x [M, K] @ w [K, N] with w stored as ``fmt`` (microseconds), as the largest of three:
+    reading the weights and scales at ``read_GBps``; the product's 2 M K N FLOPs at ``mma_TFLOPs``; and
+    turning the weights into 16-bit values on the CUDA cores, OPS_PER_WEIGHT[fmt] instructions per weight at
+    ``alu_Tops`` (tera-instructions per second), once per block of ``block_m`` rows of x. Returns each
+    term, the time and which term bounds it."""
+    if M < 1 or K < 1 or N < 1:
+        raise ValueError(f"M, K and N must be at least 1, got {M}, {K}, {N}")
+    weights = K * N
+    terms = {"memory": weights * bytes_per_weight(fmt, group if fmt == "int4" else None, K=K) / (read_GBps * 1e3),
+             "mma": 2.0 * M * weights / (mma_TFLOPs * 1e6),
+             "alu": weights * OPS_PER_WEIGHT.get(fmt, 0.0) * -(-M // block_m) / (alu_Tops * 1e6)}
+    bound = max(terms, key=terms.get)
+    return {**terms, "time": terms[bound], "bound": bound}
+
+
+def speedup_bound(fmt: str, group: int | None = None, *, K: int = 4096) -> float:
+    """The most a format can speed up a memory-bound product over bf16: bf16's bytes over its bytes."""
+    return bytes_per_weight("bf16") / bytes_per_weight(fmt, group, K=K)
+
+
+def crossover_rows(fmt: str, group: int | None = None, *, read_GBps: float, mma_TFLOPs: float, K: int = 4096) -> float:
+    """The row count M at which the product's matrix work takes as long as reading the weights: below it the
+    format's fewer bytes set the time, above it the FLOPs do, the same for every format."""
+    return bytes_per_weight(fmt, group, K=K) * mma_TFLOPs * 1e12 / (2.0 * read_GBps * 1e9)

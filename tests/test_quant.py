@@ -137,3 +137,30 @@ def test_kernels_refuse_bad_input():
         qg.w4_mm(torch.randn(1, 64), qw, block_k=48)
     with pytest.raises(TypeError, match="fp16, bf16 or fp32"):
         qg.w8_mm(torch.ones(1, 64, dtype=torch.int32), quant.quantize_int8(torch.randn(64, 8)))
+
+
+# ---------------------------------------------------------------------------- the prediction
+
+def test_prediction_by_hand():
+    # 1,000 x 1,000 weights; read 1,000 GB/s, 100 TFLOP/s, 10 tera-instructions/s
+    kw = dict(read_GBps=1000.0, mma_TFLOPs=100.0, alu_Tops=10.0)
+    p = quant.predict_us("bf16", 1, 1000, 1000, **kw)
+    assert p["memory"] == pytest.approx(2.0) and p["mma"] == pytest.approx(0.02) and p["alu"] == 0.0
+    assert p["bound"] == "memory" and p["time"] == pytest.approx(2.0)
+    # int4 in groups of 128 over K = 1024: 0.5 + 4/128 bytes a weight
+    p = quant.predict_us("int4", 1, 1024, 1000, group=128, **kw)
+    assert p["memory"] == pytest.approx(1024 * 1000 * (0.5 + 4 / 128) / 1e6)
+    assert p["alu"] == pytest.approx(1024 * 1000 * 2.5 / 1e7) and p["bound"] == "memory"  # 0.256 < 0.544
+    # past 64 rows each block of rows converts the weights again
+    p65 = quant.predict_us("int4", 65, 1024, 1000, group=128, **kw)
+    assert p65["alu"] == pytest.approx(2 * p["alu"])
+    # 500 rows: 2 x 500 x 1e6 FLOPs at 100 TFLOP/s = 10 us, more than bf16's 2 us read
+    assert quant.predict_us("bf16", 500, 1000, 1000, **kw)["bound"] == "mma"
+
+
+def test_speedup_bound_and_crossover():
+    assert quant.speedup_bound("int8", K=4096) == pytest.approx(2 / (1 + 4 / 4096))
+    assert quant.speedup_bound("int4", 128) == pytest.approx(2 / (0.5 + 4 / 128))
+    # bf16 at 4,000 GB/s and 800 TFLOP/s: 2 bytes a weight, 2 FLOPs a row: M* = 2 x 800e12 / (2 x 4e12) = 200
+    assert quant.crossover_rows("bf16", read_GBps=4000.0, mma_TFLOPs=800.0) == pytest.approx(200.0)
+    assert quant.crossover_rows("int4", 128, read_GBps=4000.0, mma_TFLOPs=800.0) == pytest.approx(53.125)
