@@ -91,7 +91,8 @@ def _rel_err(y, ref):
 
 @pytest.mark.parametrize("swap", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("M,K,N,splits", [(1, 256, 200, 1), (3, 512, 96, 2), (17, 256, 64, 1), (70, 128, 130, 2)])
+@pytest.mark.parametrize("M,K,N,splits", [(1, 256, 200, 1), (3, 512, 96, 2), (17, 256, 64, 1), (70, 128, 130, 2),
+                                          (2, 100, 64, 1)])  # K = 100: the last tile masked
 def test_w8_matches_float64(dtype, M, K, N, splits, swap):
     g = torch.Generator().manual_seed(M * 7 + K)
     x, w = torch.randn(M, K, generator=g).to(dtype), torch.randn(K, N, generator=g) * 0.02
@@ -164,3 +165,43 @@ def test_speedup_bound_and_crossover():
     # bf16 at 4,000 GB/s and 800 TFLOP/s: 2 bytes a weight, 2 FLOPs a row: M* = 2 x 800e12 / (2 x 4e12) = 200
     assert quant.crossover_rows("bf16", read_GBps=4000.0, mma_TFLOPs=800.0) == pytest.approx(200.0)
     assert quant.crossover_rows("int4", 128, read_GBps=4000.0, mma_TFLOPs=800.0) == pytest.approx(53.125)
+
+
+# ---------------------------------------------------------------------------- the quantized decode step
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_quantized_step_equals_the_fused_step_on_its_dequantized_weights(fmt):
+    """QuantStep's logits are FusedStep's on a model holding the weights QuantStep effectively uses (the same
+    K/V written too); and they differ from the unquantized model's, so the check is not vacuous."""
+    from lib import llama, llama_quant
+
+    m = llama.random_model(llama.TINY, dtype=torch.float32, device="cpu")
+    step = llama_quant.QuantStep(m, fmt, group=32)
+    ref_m = llama_quant.dequantized(m, fmt, group=32)
+
+    def case():
+        pool = m.new_pool(16, 4)
+        pool.k.normal_(generator=torch.Generator().manual_seed(3)), pool.v.normal_(generator=torch.Generator().manual_seed(4))
+        return pool, torch.arange(8, dtype=torch.int32).flip(0).reshape(2, 4).contiguous()
+
+    lens, tokens = torch.tensor([7, 3], dtype=torch.int32), torch.tensor([5, 90])
+    (p1, t1), (p2, t2), (p3, t3) = case(), case(), case()
+    got = step(tokens, p1, t1, lens)
+    ref = llama.FusedStep(ref_m)(tokens, p2, t2, lens)
+    plain = llama.FusedStep(m)(tokens, p3, t3, lens)
+    assert torch.allclose(got, ref, atol=1e-4, rtol=1e-4)
+    assert torch.allclose(p1.k, p2.k, atol=1e-5) and torch.allclose(p1.v, p2.v, atol=1e-5)
+    assert not torch.allclose(got, plain, atol=1e-4, rtol=1e-4)
+    assert torch.equal(step.greedy(tokens, case()[0], case()[1], lens), got.argmax(-1))
+    c = llama.TINY
+    weights = c.layers * (c.hidden * (c.heads + 2 * c.kv_heads) * c.head_dim + c.heads * c.head_dim * c.hidden
+                          + c.hidden * 2 * c.mlp + c.mlp * c.hidden)
+    per = 1.0 if fmt == "int8" else 0.5
+    assert step.bytes_per_step() > weights * per and step.bytes_per_step() < weights * (per + 0.2)
+
+
+def test_quantized_step_refuses_an_unknown_format():
+    from lib import llama, llama_quant
+
+    with pytest.raises(ValueError, match="fmt must be"):
+        llama_quant.QuantStep(llama.random_model(llama.TINY, dtype=torch.float32, device="cpu"), "int3")

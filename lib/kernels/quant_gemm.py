@@ -220,7 +220,7 @@ def _check_x(x: torch.Tensor, K: int, device) -> None:
 
 
 def _launch(kernel, x, args, M, N, K, cfg, splits, extra_strides, block_k, **meta):
-    k_split = K // splits
+    k_split = cfg["k_split"]
     out = torch.empty(M, N, device=x.device, dtype=x.dtype)
     part = out if splits == 1 else torch.empty(splits, M, N, device=x.device, dtype=torch.float32)
     grid = (triton.cdiv(N, cfg["block_n"]), splits, triton.cdiv(M, cfg["block_m"]))
@@ -232,13 +232,18 @@ def _launch(kernel, x, args, M, N, K, cfg, splits, extra_strides, block_k, **met
     return out
 
 
-def _config(x, N, K, block_k, splits, block_n, num_warps, num_stages) -> dict:
-    """``choose_config``'s launch with any given parameter put in its place."""
+def _config(x, N, K, block_k, splits, block_n, num_warps, num_stages, *, masked_tail: bool = False) -> dict:
+    """``choose_config``'s launch with any given parameter put in its place. A kernel that masks the rows of
+    its last tile (``masked_tail``, int8) takes any K in one slice; split, every slice is whole tiles."""
     cfg = choose_config(x.shape[0], N, K, launch.sm_count(x.device), block_k=block_k)
     given = {"splits": splits, "block_n": block_n, "num_warps": num_warps, "num_stages": num_stages}
     cfg.update({k: v for k, v in given.items() if v is not None})
-    if K % (cfg["splits"] * block_k):
+    if cfg["splits"] == 1 and masked_tail:
+        cfg["k_split"] = triton.cdiv(K, block_k) * block_k
+    elif K % (cfg["splits"] * block_k):
         raise ValueError(f"splits={cfg['splits']} must cut K={K} into slices that are whole tiles of {block_k}")
+    else:
+        cfg["k_split"] = K // cfg["splits"]
     return cfg
 
 
@@ -251,7 +256,7 @@ def w8_mm(x: torch.Tensor, w: Int8Weight, *, splits: int | None = None, block_k:
     _check_x(x, K, w.q.device)
     if not w.q.is_contiguous() or not w.scale.is_contiguous() or w.scale.dtype != torch.float32:
         raise ValueError("w.q must be contiguous and w.scale a contiguous float32 vector")
-    cfg = _config(x, N, K, block_k, splits, block_n, num_warps, num_stages)
+    cfg = _config(x, N, K, block_k, splits, block_n, num_warps, num_stages, masked_tail=True)
     return _launch(_w8_kernel, x, (w.q, w.scale), x.shape[0], N, K, cfg, cfg["splits"], (x.stride(0), w.q.stride(0)),
                    block_k, SWAP=bool(swap))
 
