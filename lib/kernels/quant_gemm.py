@@ -100,20 +100,34 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _w8_kernel(X, Q, S, P, M, N, K, K_SPLIT, stride_xm, stride_qk, stride_ps, stride_pm,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    pid_m = tl.program_id(2)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mmask = rm < M
-    nmask = rn < N
-    if SWAP:  # (w^T x^T): the converted weights are the product's first operand
+def _program(M, N, K_SPLIT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.constexpr):
+    """This program's rows of x and columns of w with their masks, the start of its slice of K, and a zero
+    accumulator: [BLOCK_M, BLOCK_N], or with SWAP the transposed product's [BLOCK_N, BLOCK_M], in which the
+    converted weights are the tensor-core product's first operand."""
+    rm = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if SWAP:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_lo = pid_s * K_SPLIT
+    return rm, rn, rm < M, rn < N, tl.program_id(1) * K_SPLIT, acc
+
+
+@triton.jit
+def _store(P, acc, rm, rn, mmask, nmask, stride_ps, stride_pm, SWAP: tl.constexpr):
+    """The program's block of the product (transposed back with SWAP) at its split's place in P."""
+    if SWAP:
+        out = tl.trans(acc)
+    else:
+        out = acc
+    tl.store(P + tl.program_id(1) * stride_ps + rm[:, None] * stride_pm + rn[None, :], out.to(P.dtype.element_ty),
+             mask=mmask[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _w8_kernel(X, Q, S, P, M, N, K, K_SPLIT, stride_xm, stride_qk, stride_ps, stride_pm,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr):
+    rm, rn, mmask, nmask, k_lo, acc = _program(M, N, K_SPLIT, BLOCK_M, BLOCK_N, SWAP)
     for k in range(k_lo, k_lo + K_SPLIT, BLOCK_K):
         rk = k + tl.arange(0, BLOCK_K)
         kmask = rk < K
@@ -123,31 +137,19 @@ def _w8_kernel(X, Q, S, P, M, N, K, K_SPLIT, stride_xm, stride_qk, stride_ps, st
             acc += tl.dot(tl.trans(q.to(X.dtype.element_ty)), tl.trans(x))
         else:
             acc += tl.dot(x, q.to(X.dtype.element_ty))
-    s = tl.load(S + rn, mask=nmask, other=0.0)
+    s = tl.load(S + rn, mask=nmask, other=0.0)  # the column scales, the same for every row of K: once, at the end
     if SWAP:
-        out = tl.trans(acc * s[:, None])
+        acc = acc * s[:, None]
     else:
-        out = acc * s[None, :]
-    tl.store(P + pid_s * stride_ps + rm[:, None] * stride_pm + rn[None, :], out.to(P.dtype.element_ty),
-             mask=mmask[:, None] & nmask[None, :])
+        acc = acc * s[None, :]
+    _store(P, acc, rm, rn, mmask, nmask, stride_ps, stride_pm, SWAP)
 
 
 @triton.jit
 def _w4_kernel(X, Q, S, P, M, N, K, K_SPLIT, GROUP, stride_xm, stride_qk, stride_sg, stride_ps, stride_pm,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALF_K: tl.constexpr,
                MAGIC: tl.constexpr, OFFSET: tl.constexpr, SWAP: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    pid_m = tl.program_id(2)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mmask = rm < M
-    nmask = rn < N
-    if SWAP:  # (w^T x^T): the converted weights are the product's first operand
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_lo = pid_s * K_SPLIT
+    rm, rn, mmask, nmask, k_lo, acc = _program(M, N, K_SPLIT, BLOCK_M, BLOCK_N, SWAP)
     for k in range(k_lo, k_lo + K_SPLIT, BLOCK_K):  # K is a whole number of tiles; a tile lies in one group
         rb = k // 2 + tl.arange(0, HALF_K)  # rows of bytes: byte row i holds rows 2i and 2i + 1 of w
         b = tl.load(Q + rb[:, None] * stride_qk + rn[None, :], mask=nmask[None, :], other=0)
@@ -176,12 +178,7 @@ def _w4_kernel(X, Q, S, P, M, N, K, K_SPLIT, GROUP, stride_xm, stride_qk, stride
         else:
             part = tl.dot(xe, lo) + tl.dot(xo, hi) - xsum[:, None]
             acc += part * s[None, :]
-    if SWAP:
-        out = tl.trans(acc)
-    else:
-        out = acc
-    tl.store(P + pid_s * stride_ps + rm[:, None] * stride_pm + rn[None, :], out.to(P.dtype.element_ty),
-             mask=mmask[:, None] & nmask[None, :])
+    _store(P, acc, rm, rn, mmask, nmask, stride_ps, stride_pm, SWAP)
 
 
 # for 16-bit x: the bits of OFFSET - 8 XOR 0x8, and OFFSET (the float whose last mantissa bit is worth 1,
