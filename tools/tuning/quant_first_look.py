@@ -12,7 +12,6 @@ read rate, and the speedup over bf16. The launches are ``choose_config``'s; no t
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -23,20 +22,14 @@ import records  # noqa: E402
 import torch  # noqa: E402
 
 from lib import quant  # noqa: E402
-from lib.bench import ceilings, timing  # noqa: E402
+from lib.bench import timing  # noqa: E402
 from lib.kernels import quant_gemm as qg  # noqa: E402
 
 SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out")
-    ap.add_argument("--rows", default="1,4,16,64")
-    args = ap.parse_args()
-    read_bw = ceilings.load()["read_bw_GBps"] * 1e9
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    args, read_bw, l2, gen = records.gpu_sweep("1,4,16,64", ())
     rows = []
     for name, (K, N) in SHAPES.items():
         copies = timing.rotation(K * N * 2, l2)

@@ -12,7 +12,6 @@ rate, and the speedup over bf16.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ import records  # noqa: E402
 import torch  # noqa: E402
 
 from lib import quant  # noqa: E402
-from lib.bench import ceilings, timing  # noqa: E402
+from lib.bench import timing  # noqa: E402
 from lib.kernels import quant_gemm as qg  # noqa: E402
 
 SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
@@ -33,14 +32,7 @@ GRID = {"block_n": (64, 128, 256), "block_k": (64, 128), "splits": (1, 2, 4, 8, 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out")
-    ap.add_argument("--rows", default="1,16")
-    ap.add_argument("--formats", default="int8,int4")
-    args = ap.parse_args()
-    read_bw = ceilings.load()["read_bw_GBps"] * 1e9
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    args, read_bw, l2, gen = records.gpu_sweep("1,16", (("--formats", "int8,int4"),))
     rows = []
     for name, (K, N) in SHAPES.items():
         copies = timing.rotation(K * N * 2, l2)

@@ -44,3 +44,22 @@ def write(out_path: str | Path | None, rows: list, *, tool: str | Path, device: 
     name = tool.relative_to(ROOT).as_posix() if tool.is_relative_to(ROOT) else tool.name
     results.write(out_path, {"tool": name, "argv": sys.argv[1:], "provenance": _provenance(device),
                              "rows": _clean(rows)})
+
+
+def gpu_sweep(rows_default: str, extra=()):
+    """What the GEMM sweeps share: their command line (``--out``, ``--rows`` and ``extra`` (flag, default)
+    pairs) parsed, chapter 0's read rate (bytes/s), the GPU's L2 size, and a CUDA generator seeded with 0."""
+    import argparse
+
+    import torch
+
+    from lib.bench import ceilings
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--rows", default=rows_default)
+    for flag, default in extra:
+        ap.add_argument(flag, default=default)
+    args = ap.parse_args()
+    return (args, ceilings.load()["read_bw_GBps"] * 1e9, torch.cuda.get_device_properties(0).L2_cache_size,
+            torch.Generator(device="cuda").manual_seed(0))

@@ -12,7 +12,6 @@ rows.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import records  # noqa: E402
 import torch  # noqa: E402
 
-from lib.bench import ceilings, timing  # noqa: E402
+from lib.bench import timing  # noqa: E402
 from lib.kernels import skinny_gemm as sk  # noqa: E402
 
 SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096), "head": (4096, 128256)}
@@ -32,13 +31,7 @@ GRID = {"block_n": (64, 128, 256), "block_k": (64, 128), "splits": (1, 2, 4, 8, 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out")
-    ap.add_argument("--rows", default="1,64")
-    args = ap.parse_args()
-    read_bw = ceilings.load()["read_bw_GBps"] * 1e9
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    args, read_bw, l2, gen = records.gpu_sweep("1,64", ())
     rows = []
     for name, (K, N) in SHAPES.items():
         nbytes = K * N * 2
