@@ -45,3 +45,28 @@ def test_bad_sizes_and_kinds_are_refused():
         qx.sweep("huge")
     with pytest.raises(ValueError, match="kind"):
         qx.weights("uniform", 8, 8, seed=0, device="cpu")
+
+
+def test_a_vendor_path_that_fails_is_recorded_and_not_timed_but_a_book_path_that_is_wrong_raises(monkeypatch):
+    p = {**qx.sweep("smoke"), "shapes": {"a": [64, 32]}, "rows": [1], "groups": [32]}
+    real = qx.formats
+
+    def broken(*_):
+        raise RuntimeError("this build has no such kernel")
+
+    def with_vendor(params, device):
+        return real(params, device) + [qx.Format("vendor", broken, None, None, lambda K, N: K * N, vendor=True)]
+
+    monkeypatch.setattr(qx, "formats", with_vendor)
+    d = qx.measure(p, "cpu")
+    bad = [c for c in d["checks"] if c["format"] == "vendor"]
+    assert bad and "no such kernel" in bad[0]["error"]
+    assert "vendor" not in {r["format"] for r in d["rows"]} and "int8" in {r["format"] for r in d["rows"]}
+
+    def wrong(params, device):  # the book's int8 path returning twice the product
+        f = real(params, device)[1]
+        return [qx.Format("int8", f.prepare, lambda x, s: 2 * f.call(x, s), f.effective, f.nbytes)]
+
+    monkeypatch.setattr(qx, "formats", wrong)
+    with pytest.raises(AssertionError, match="computes something else"):
+        qx.measure(p, "cpu")

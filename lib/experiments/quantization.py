@@ -157,9 +157,9 @@ def measure(params: dict, device: str) -> dict:
         ws = [w] + [w[torch.randperm(K, device=device)] for _ in range(copies - 1)]  # same values, other rows
         prepared = {}
         for f in formats(params, device):
-            states = [f.prepare(c) for c in ws]
             x = torch.randn(params["rows"][0], K, device=device).to(dtype)
             try:
+                states = [f.prepare(c) for c in ws]
                 err = check(f, x, states[0])
             except Exception as ex:  # noqa: BLE001 - a vendor path this build lacks is recorded, not fatal
                 if not f.vendor:
