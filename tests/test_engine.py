@@ -111,15 +111,29 @@ POLICIES = {
 }
 
 
+class DetailCost:
+    """A cost that depends on which requests a step holds (``step_detail``): the longest decode's KV and the
+    number of prompts prefilled, on top of ``COST``."""
+
+    def step(self, tokens, work, kv):
+        raise AssertionError("a cost with step_detail must be asked through it")
+
+    def step_detail(self, tokens, work, kv, *, prefills, decode_ctx_max):
+        return COST.step(tokens, work, kv) + 3e-3 * max(prefills - 1, 0) + 2e-7 * decode_ctx_max
+
+
+@pytest.mark.parametrize("cost", ["tokens", "detail"])
 @pytest.mark.parametrize("name", list(POLICIES))
-def test_virtual_engine_schedules_as_the_simulator(name):
+def test_virtual_engine_schedules_as_the_simulator(name, cost):
     """On the simulator's clock and costs the engine's decisions are the simulator's: every request's TTFT,
-    E2E, time queued and time in prefill agree to rounding (prompts share no block, KV is ample)."""
+    E2E, time queued and time in prefill agree to rounding (prompts share no block, KV is ample), with a
+    cost of token counts and with one that asks which requests a step holds."""
     cfg = POLICIES[name]
     cfg = EngineConfig(**{**cfg.__dict__, "max_model_len": 40000, "enable_prefix_caching": False})
+    cm = COST if cost == "tokens" else DetailCost()
     wl = workloads.requests(80, 6.0, mix=MIX, seed=5)
-    got = replay(LLMEngine.virtual(cfg, COST, num_blocks=150_000), wl, prompts_for(wl))
-    sim = serving.simulate(wl, COST, cfg.as_policy())
+    got = replay(LLMEngine.virtual(cfg, cm, num_blocks=150_000), wl, prompts_for(wl))
+    sim = serving.simulate(wl, cm, cfg.as_policy())
     assert [r["id"] for r in got] == [r["id"] for r in sim] == list(range(80))
     for a, b in zip(got, sim):
         for k in ("ttft", "e2e", "queue", "prefill"):

@@ -62,24 +62,32 @@ from lib.engine import service_fit  # noqa: E402
 H, KNEE, ALPHA_S, BETA_P, D0_S, D1_S, BETA_S = 0.02, 1024.0, 2e-9, 4e-8, 5e-3, 1e-5, 3e-8
 
 
-def service_run(gap: float = 2e-4):
+GAMMA_S, ETA_S = 2e-7, 4e-3
+
+
+def service_run(gap: float = 2e-4, detail: bool = False):
     """Steps drawn from a known model, one after another with ``gap`` seconds between two steps while
-    requests run (what the front end takes), and an idle second after the last of each burst."""
+    requests run (what the front end takes), and an idle second after the last of each burst; with
+    ``detail``, the longest decode and the prompts prefilled cost GAMMA_S per token and ETA_S per prompt
+    after the first."""
     pad = cost.EngineCostModel(None, 0, 0, 0, SIZES).padded
     run, t = [], 0.0
-    shapes = [(m, c, b) for m in (16, 200, 900, 2048, 6000) for c in (0, 3000) for b in (0, 5)]
-    for i, (m, c, b) in enumerate(shapes):
+    shapes = [(m, c, b, n) for m in (16, 200, 900, 2048, 6000) for c in (0, 3000) for b in (0, 5) for n in (1, 3)]
+    for i, (m, c, b, n) in enumerate(shapes):
         kv = b * 700
         dt = H * max(1.0, (m + b) / KNEE) + ALPHA_S * cost.work(m, c) + BETA_P * (kv + b)  # M counts the decodes
+        dt += ETA_S * (n - 1) if detail else 0.0
         run.append({"start": t, "end": t + dt - gap, "running": 1, "prefill_tokens": m, "decode_tokens": b,
-                    "decode_kv": kv, "prefill_work": cost.work(m, c)})
+                    "decode_kv": kv, "prefill_work": cost.work(m, c), "batch": n + b, "decode_ctx_max": 700 if b else 0})
         t += dt
         for B in (1, 3, 8, 20, 48, 64):
             kv = B * (500 + 40 * i)
-            dt = D0_S + D1_S * pad(B) + BETA_S * (kv + B)
+            longest = 500 + 40 * i + (7 * i * B) % 3000  # not a function of B and K alone
+            dt = D0_S + D1_S * pad(B) + BETA_S * (kv + B) + (GAMMA_S * longest if detail else 0.0)
             last = B == 64 and i % 4 == 3
             run.append({"start": t, "end": t + dt - (0 if last else gap), "running": 0 if last else B,
-                        "prefill_tokens": 0, "decode_tokens": B, "decode_kv": kv, "prefill_work": 0.0})
+                        "prefill_tokens": 0, "decode_tokens": B, "decode_kv": kv, "prefill_work": 0.0, "batch": B,
+                        "decode_ctx_max": longest})
             t += dt + (1.0 if last else 0.0)
     return run
 
@@ -119,3 +127,29 @@ def test_nonneg_lstsq_drops_a_negative_coefficient_and_refits():
 def test_service_fit_refuses_too_few_steps():
     with pytest.raises(ValueError, match="longer run"):
         service_fit.fit_steps([service_run()[:3]], SIZES)
+
+
+def test_detailed_service_fit_recovers_the_terms_token_counts_cannot_carry():
+    run = service_run(detail=True)
+    cm = service_fit.fit_steps([run], SIZES, detail=True)
+    assert (cm.gamma_s_per_ctx_token, cm.eta_s_per_prefill) == pytest.approx((GAMMA_S, ETA_S), rel=1e-6)
+    assert cm.base.decode_s == pytest.approx(D0_S, rel=1e-6)
+    # asked as the simulator asks it, it gives each step's period back
+    for s, p in zip(run, service_fit.periods(run)):
+        if s["running"]:
+            got = cm.step_detail(s["prefill_tokens"] + s["decode_tokens"], s["prefill_work"],
+                                 s["decode_kv"] + s["decode_tokens"], prefills=s["batch"] - s["decode_tokens"],
+                                 decode_ctx_max=s["decode_ctx_max"])
+            assert got == pytest.approx(p["period"], rel=1e-6)
+    # the fit of token counts alone cannot: it misses steps by more
+    plain = service_fit.fit_steps([run], SIZES)
+    worst = max(abs(plain.step(s["prefill_tokens"] + s["decode_tokens"], s["prefill_work"], s["decode_kv"]
+                               + s["decode_tokens"]) / p["period"] - 1) for s, p in zip(run, service_fit.periods(run))
+                if s["running"])
+    assert worst > 0.05
+
+
+def test_a_detailed_fit_of_records_without_the_detail_is_refused():
+    run = [{k: v for k, v in s.items() if k != "decode_ctx_max"} for s in service_run()]
+    with pytest.raises(ValueError, match="detail=False"):
+        service_fit.fit_steps([run], SIZES, detail=True)

@@ -244,6 +244,30 @@ def test_prefill_first_makes_running_requests_wait():
     assert serving.percentile([r["itl_max"] for r in first], 95) > serving.percentile([r["itl_max"] for r in mixed], 95)
 
 
+class Recording:
+    """A cost that asks for the step's detail and records what the simulator tells it."""
+
+    def __init__(self):
+        self.calls = []
+
+    def step(self, tokens, prefill_ctx_work, decode_kv_tokens):
+        raise AssertionError("a cost with step_detail must be asked through it")
+
+    def step_detail(self, tokens, prefill_ctx_work, decode_kv_tokens, *, prefills, decode_ctx_max):
+        self.calls.append((tokens, decode_kv_tokens, prefills, decode_ctx_max))
+        return 1e-3
+
+
+def test_a_detailed_cost_hears_how_many_prompts_and_the_longest_decode():
+    """By hand: A (4 prompt tokens, 3 out) and B (10, 2) arrive together. Step 1 prefills both (2 prompts, no
+    decode); step 2 decodes both (KV 4 + 1 and 10 + 1: the longest 11); B is done, step 3 decodes A (4 + 2)."""
+    cost = Recording()
+    reqs = [{"id": 0, "arrival": 0.0, "input": 4, "output": 3}, {"id": 1, "arrival": 0.0, "input": 10, "output": 2}]
+    res = serving.simulate(reqs, cost, serving.Policy("continuous", token_budget=64))
+    assert cost.calls == [(14, 0, 2, 0), (2, 16, 0, 11), (1, 6, 0, 6)]
+    assert [r["e2e"] for r in res] == pytest.approx([3e-3, 2e-3])
+
+
 class Microsecond:
     def step(self, tokens, prefill_ctx_work, decode_kv_tokens):
         return 1e-6

@@ -68,8 +68,11 @@ class CostRunner:
         from lib.engine.runner import StepResult
 
         work = sum((e - s) * (s + (e - s) / 2) for _, s, e in plan.prefills)
-        tokens = plan.prefill_tokens + len(plan.decodes)
-        dt = self.cost.step(tokens, work, sum(x.length for x in plan.decodes))
+        tokens, kv = plan.prefill_tokens + len(plan.decodes), sum(x.length for x in plan.decodes)
+        detail = getattr(self.cost, "step_detail", None)  # as the simulator asks it (lib.serving.simulate)
+        dt = (detail(tokens, work, kv, prefills=len(plan.prefills),
+                     decode_ctx_max=max((x.length for x in plan.decodes), default=0))
+              if detail is not None else self.cost.step(tokens, work, kv))
         self.clock.advance_to(self.clock.now + dt)
         out = [(x.id * 7919 + x.length * 104729) % self.vocab for x in plan.sampled]
         return StepResult(out, dt, 0.0, False)
@@ -233,6 +236,7 @@ class LLMEngine:
             "finished": [x.id for x in finished], "preempted": [x.id for x in plan.preempted],
             "batch": len(plan.prefills) + len(plan.decodes), "prefill_tokens": plan.prefill_tokens,
             "decode_tokens": len(plan.decodes), "decode_kv": sum(x.length - 1 for x in plan.decodes),
+            "decode_ctx_max": max((x.length for x in plan.decodes), default=0),
             "prefill_work": sum((e - st) * (st + (e - st) / 2) for _, st, e in plan.prefills),
             "kv_blocks": self.usable_blocks - self.pool.free_count - len(s.cache.evictable),
             "cached_blocks": len(s.cache.block_of), "prefix_hit_tokens": hits, "prefix_query_tokens": queries, "queued": s.queued,

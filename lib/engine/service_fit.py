@@ -13,15 +13,45 @@ to the next one's (``periods``), and fits
 each branch by least squares on the relative error, no coefficient below zero. K counts each decode's new
 token too, as the simulator does.
 
+``fit_steps(..., detail=True)`` adds what the token counts cannot say, from records that hold it: a
+decode-only step + gamma c (c the longest decoding request's KV tokens: at a small batch, decode attention
+takes as long as its longest request), a step that prefills + eta (n - 1) (n the requests it prefills,
+each an attention call and its own host work). It returns a ``DetailedCostModel``, which the simulator asks
+through ``step_detail``.
+
 Chapters: 8.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from lib.engine.cost import EngineCostModel
 from lib.serving.cost_model import MeasuredCostModel
+
+
+@dataclass(frozen=True)
+class DetailedCostModel:
+    """``base`` plus the terms token counts cannot carry (see the module): ``step`` is the base model's,
+    ``step_detail`` adds gamma c to a decode-only step and eta (n - 1) to a step that prefills."""
+
+    base: EngineCostModel
+    gamma_s_per_ctx_token: float
+    eta_s_per_prefill: float
+
+    def step(self, tokens: int, prefill_ctx_work: float, decode_kv_tokens: int) -> float:
+        return self.base.step(tokens, prefill_ctx_work, decode_kv_tokens)
+
+    def step_detail(self, tokens: int, prefill_ctx_work: float, decode_kv_tokens: int, *, prefills: int,
+                    decode_ctx_max: int) -> float:
+        t = self.base.step(tokens, prefill_ctx_work, decode_kv_tokens)
+        if tokens <= 0:
+            return t
+        if prefills:
+            return t + self.eta_s_per_prefill * (prefills - 1)
+        return t + self.gamma_s_per_ctx_token * decode_ctx_max
 
 
 def nonneg_lstsq(A: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -56,10 +86,11 @@ def _relative(rows: list[dict], X) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(X, dtype=float) / t[:, None], np.ones(len(rows))
 
 
-def fit_steps(runs: list[list[dict]], graph_batch_sizes) -> EngineCostModel:
+def fit_steps(runs: list[list[dict]], graph_batch_sizes, *, detail: bool = False):
     """Fit the model to the step records of one or more runs (each a list of the engine's steps in order:
-    "start", "end", "running", "prefill_tokens", "decode_tokens", "decode_kv", "prefill_work"), each step's
-    time its period (``periods``; see the module)."""
+    "start", "end", "running", "prefill_tokens", "decode_tokens", "decode_kv", "prefill_work"; with
+    ``detail``, "batch" and "decode_ctx_max" too), each step's time its period (``periods``; see the
+    module). An ``EngineCostModel``, or with ``detail`` a ``DetailedCostModel``."""
     steps = [s for run in runs for s in periods(run)]
     pre = [s for s in steps if s["prefill_tokens"]]
     dec = [s for s in steps if not s["prefill_tokens"] and s["decode_tokens"]]
@@ -68,10 +99,15 @@ def fit_steps(runs: list[list[dict]], graph_batch_sizes) -> EngineCostModel:
                          f"got {len(pre)} and {len({s['decode_tokens'] for s in dec})}: record a longer run")
     sizes = tuple(graph_batch_sizes)
     pad = EngineCostModel(None, 0.0, 0.0, 0.0, sizes).padded
-    A, y = _relative(dec, [[1.0, pad(s["decode_tokens"]), s["decode_kv"] + s["decode_tokens"]] for s in dec])
-    d0, d1, beta = (float(v) for v in nonneg_lstsq(A, y))
+    if detail and not all("decode_ctx_max" in s and "batch" in s for s in steps):
+        raise ValueError("a detailed fit needs each step's batch and decode_ctx_max: these records do not hold "
+                         "them (measured before the engine recorded them); fit with detail=False")
+    A, y = _relative(dec, [[1.0, pad(s["decode_tokens"]), s["decode_kv"] + s["decode_tokens"]]
+                           + ([s["decode_ctx_max"]] if detail else []) for s in dec])
+    d0, d1, beta, *gamma = (float(v) for v in nonneg_lstsq(A, y))
     M = np.array([s["prefill_tokens"] + s["decode_tokens"] for s in pre], dtype=float)
-    rest = np.array([[s["prefill_work"], s["decode_kv"] + s["decode_tokens"]] for s in pre], dtype=float)
+    rest = np.array([[s["prefill_work"], s["decode_kv"] + s["decode_tokens"]]
+                     + ([s["batch"] - s["decode_tokens"] - 1] if detail else []) for s in pre], dtype=float)
     best = None
     for knee in (2.0 ** (e / 4) for e in range(16, 65)):  # M* from 16 to 65,536 tokens, four per octave
         A, y = _relative(pre, np.column_stack([np.maximum(1.0, M / knee), rest]))
@@ -79,7 +115,8 @@ def fit_steps(runs: list[list[dict]], graph_batch_sizes) -> EngineCostModel:
         err = float(np.sum((A @ x - y) ** 2))
         if best is None or err < best[0]:
             best = (err, float(knee), x)
-    _, knee, (h, alpha, beta_p) = best
+    _, knee, (h, alpha, beta_p, *eta) = best
     ms = sorted({2 ** i for i in range(17)} | {knee})
     s_of_m = [max(h * max(1.0, m / knee), 1e-6) for m in ms]
-    return EngineCostModel(MeasuredCostModel.fitted(ms, s_of_m, float(alpha), 0.0, float(beta_p)), d0, d1, beta, sizes)
+    base = EngineCostModel(MeasuredCostModel.fitted(ms, s_of_m, float(alpha), 0.0, float(beta_p)), d0, d1, beta, sizes)
+    return DetailedCostModel(base, gamma[0], float(eta[0])) if detail else base

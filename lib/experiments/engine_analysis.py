@@ -157,7 +157,7 @@ def step_records(data: dict, name: str) -> list[dict]:
     return [dict(zip(data["step_keys"], r)) for r in run["steps"]]
 
 
-def service_fits(data: dict, runs=RUNS) -> dict:
+def service_fits(data: dict, runs=RUNS, *, detail: bool = False) -> dict:
     """For each open-loop run, the cost model fitted (``lib.engine.service_fit``) to the steps of the other
     runs and the offline run: costs measured in service that never saw the run they predict. None where the
     other runs hold too few steps to fit (a smoke run's handful of requests)."""
@@ -167,7 +167,8 @@ def service_fits(data: dict, runs=RUNS) -> dict:
     fits = {}
     for held in runs:
         try:
-            fits[held] = service_fit.fit_steps([step_records(data, n) for n in (*runs, "offline") if n != held], sizes)
+            fits[held] = service_fit.fit_steps([step_records(data, n) for n in (*runs, "offline") if n != held], sizes,
+                                               detail=detail)
         except ValueError:
             fits[held] = None
     return fits
@@ -183,17 +184,24 @@ def sim_vs_engine(data: dict, params: dict, cm, runs=RUNS) -> pd.DataFrame:
     all requests, against the engine's: with the costs of the calibration (``cm``) and with the costs
     fitted to the other runs' steps (``service_fits``)."""
     held = service_fits(data, runs)
+    # the detailed fit (the longest decode, the prompts per step) where the records hold what it needs
+    detailed = service_fits(data, runs, detail=True) if "decode_ctx_max" in data["step_keys"] else None
     rows = []
     for name in runs:
         cal = _simulated(data, params, name, cm)
         srv = _simulated(data, params, name, held[name]) if held[name] else dict.fromkeys(cal, float("nan"))
+        det = (_simulated(data, params, name, detailed[name]) if detailed and detailed[name]
+               else dict.fromkeys(cal, float("nan")))
         meas = serving.summary(requests(run_of(data, name)))
         for m in ("ttft", "tpot"):
             for q in (50, 95):
                 k = f"{m}_p{q}"
-                rows.append({"run": name, "metric": f"{m.upper()} P{q}", "measured (ms)": meas[k] * 1e3,
-                             "calibrated (ms)": cal[k] * 1e3, "calibrated / measured": cal[k] / meas[k],
-                             "service fit (ms)": srv[k] * 1e3, "service fit / measured": srv[k] / meas[k]})
+                row = {"run": name, "metric": f"{m.upper()} P{q}", "measured (ms)": meas[k] * 1e3,
+                       "calibrated (ms)": cal[k] * 1e3, "calibrated / measured": cal[k] / meas[k],
+                       "service fit (ms)": srv[k] * 1e3, "service fit / measured": srv[k] / meas[k]}
+                if detailed is not None:
+                    row |= {"detailed fit (ms)": det[k] * 1e3, "detailed fit / measured": det[k] / meas[k]}
+                rows.append(row)
     return pd.DataFrame(rows).set_index(["run", "metric"])
 
 

@@ -18,8 +18,9 @@ captured), then:
    production rate (``open_loop``: Poisson arrivals in real time through the asyncio front end);
 5. runs chat-only workloads open loop at a light and a near-capacity rate.
 
-It does all but the incident on a second, smaller configuration first (``params["small"]``, laid over the
-main parameters: chapter 6's 1B model on a GPU), whose steps are shorter, so the host's share is larger.
+It does the same on a second, smaller configuration first (``params["small"]``, laid over the main
+parameters: chapter 6's 1.1B model on a GPU, with shorter open-loop spans), whose steps are shorter, so the
+host's share is larger.
 
 Rates are fractions of a capacity the simulator computes from the calibrated costs (requests/s at which
 a configuration's queue would grow without bound); an open-loop run sends the requests that arrive in a
@@ -55,8 +56,8 @@ PARAMS = ("config", "dtype", "block", "max_model_len", "kv_gib", "seed", "cal", 
 CONFIGS = {**model_lib.CONFIGS, **llama.CONFIGS}  # "8b" and "tiny" (chapter 7), "1b" (chapters 5 and 6)
 MIX = (("chat", workloads.CHAT, 0.85), ("doc", workloads.LONG_DOC, 0.15))
 CHAT_ONLY = (("chat", workloads.CHAT, 1.0),)
-STEP_KEYS = ("start", "end", "batch", "prefill_tokens", "decode_tokens", "decode_kv", "prefill_work", "kv_blocks",
-             "queued", "running", "gpu_s", "host_s", "graph")
+STEP_KEYS = ("start", "end", "batch", "prefill_tokens", "decode_tokens", "decode_kv", "decode_ctx_max", "prefill_work",
+             "kv_blocks", "queued", "running", "gpu_s", "host_s", "graph")
 
 
 def sweep(size: str) -> dict:
@@ -72,6 +73,7 @@ def sweep(size: str) -> dict:
                 "chat_rates": {"light": {"load": 0.3, "span_s": 20.0, "n_max": 200},
                                "near": {"load": 0.8, "span_s": 15.0, "n_max": 400}},
                 "small": {"config": "1b", "kv_gib": 16,
+                          "incident": {"n_bench": 128, "prod_load": 0.3, "span_s": 15.0, "n_max": 300},
                           "chat_rates": {"light": {"load": 0.3, "span_s": 12.0, "n_max": 300},
                                          "near": {"load": 0.8, "span_s": 10.0, "n_max": 500}}}}
     if size == "smoke":
@@ -294,9 +296,9 @@ def _build(p: dict, device: str):
     return m, pool, runner
 
 
-def measure_config(p: dict, device: str, *, incident: bool) -> dict:
-    """One configuration: calibration, chapter 7's step alone, the offline run, the incident (if asked) and
-    the chat-only open-loop runs (see the module)."""
+def measure_config(p: dict, device: str) -> dict:
+    """One configuration: calibration, chapter 7's step alone, the offline run, the incident and the
+    chat-only open-loop runs (see the module)."""
     m, pool, runner = _build(p, device)
     cfg_m, base = m.cfg, base_config(p)
     mix, chat = mixes(p)
@@ -310,20 +312,19 @@ def measure_config(p: dict, device: str, *, incident: bool) -> dict:
     n_cap = 1000 if device == "cuda" else 20
     out = {"params_count": cfg_m.params(), "pool_blocks": pool.num_blocks, "cal_points": points, "ch7_step": ch7,
            "offline": offline, "step_keys": list(STEP_KEYS)}
-    if incident:
-        inc, cfgs = p["incident"], configs(p)
-        cap_before = capacity(cm, cfgs["before"], mix, n_cap)
-        prod_rate = inc.get("prod_rate") or inc["prod_load"] * cap_before
-        bench_reqs = workloads.requests(inc["n_bench"], 1e6, mix=mix, seed=p["seed"] + 2)
-        prod_reqs = workloads.requests(requests_for(prod_rate, inc), prod_rate, mix=mix, seed=p["seed"] + 3)
-        out["incident"] = {}
-        for name, c in cfgs.items():
-            out["incident"][name] = {
-                "bench": run_offline(runner, c, [{**r, "arrival": 0.0} for r in bench_reqs],
-                                     prompts_for(bench_reqs, cfg_m.vocab, p["seed"] + 4)),
-                "prod": run_open_loop(runner, c, prod_reqs, prompts_for(prod_reqs, cfg_m.vocab, p["seed"] + 5),
-                                      keep_timeline=name == "before")}
-        out["capacity_before_rps"], out["prod_rate"] = cap_before, prod_rate
+    inc, cfgs = p["incident"], configs(p)
+    cap_before = capacity(cm, cfgs["before"], mix, n_cap)
+    prod_rate = inc.get("prod_rate") or inc["prod_load"] * cap_before
+    bench_reqs = workloads.requests(inc["n_bench"], 1e6, mix=mix, seed=p["seed"] + 2)
+    prod_reqs = workloads.requests(requests_for(prod_rate, inc), prod_rate, mix=mix, seed=p["seed"] + 3)
+    out["incident"] = {}
+    for name, c in cfgs.items():
+        out["incident"][name] = {
+            "bench": run_offline(runner, c, [{**r, "arrival": 0.0} for r in bench_reqs],
+                                 prompts_for(bench_reqs, cfg_m.vocab, p["seed"] + 4)),
+            "prod": run_open_loop(runner, c, prod_reqs, prompts_for(prod_reqs, cfg_m.vocab, p["seed"] + 5),
+                                  keep_timeline=name == "before")}
+    out["capacity_before_rps"], out["prod_rate"] = cap_before, prod_rate
     out["capacity_chat_rps"] = cap_chat = capacity(cm, base, chat, n_cap)
     out["chat_runs"] = {}
     for name, spec in p["chat_rates"].items():
@@ -340,15 +341,15 @@ def small_params(params: dict) -> dict:
 
 
 def measure(params: dict, device: str) -> dict:
-    """Everything the module lists, on ``device`` ("cuda" or "cpu"): the smaller configuration first (the
-    offline run and the chat-only runs, no incident), then the main one."""
+    """Everything the module lists, on ``device`` ("cuda" or "cpu"): the smaller configuration first, then
+    the main one."""
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
     require(params, PARAMS)
     small = None
     if params["small"]:
-        small = measure_config(small_params(params), device, incident=False)
+        small = measure_config(small_params(params), device)
         gc.collect()  # the runner and its graphs refer to each other: free the smaller model's memory now
         if device == "cuda":
             torch.cuda.empty_cache()
-    return {**measure_config(params, device, incident=True), "small": small}
+    return {**measure_config(params, device), "small": small}

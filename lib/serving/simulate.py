@@ -14,8 +14,11 @@ in steps; before each step it
 5. asks the cost model how long the step lasts, ``cost.step(M, W, K)`` with M the step's tokens,
    W = sum of new tokens x their mean context over the prefilled chunks, K the tokens of KV the
    decoding requests read (their prompt and the tokens they have generated), and advances the clock by
-   it (``advance``). The step that completes a prompt's prefill yields that request's next token; a
-   decode yields one token; a request that has all its output tokens leaves;
+   it (``advance``). A cost model that also has ``step_detail(M, W, K, prefills=n, decode_ctx_max=c)`` is
+   asked that instead: n the requests the step prefills, c the longest decoding request's KV tokens (a
+   step's cost can depend on which requests it holds, not only on its token counts). The step that
+   completes a prompt's prefill yields that request's next token; a decode yields one token; a request that
+   has all its output tokens leaves;
 6. pre-empts while the KV held exceeds the capacity (``preempt``).
 
 The policies (``lib.serving.policy``):
@@ -150,6 +153,11 @@ class _Step:
     def decode_kv(self) -> int:
         """Tokens of KV the decodes read: each its prompt's and its generated tokens' (``_Request.kv``)."""
         return sum(x.input + x.generated for x in self.decodes)
+
+    @property
+    def decode_ctx_max(self) -> int:
+        """KV tokens of the longest decoding request (0: no decode)."""
+        return max((x.input + x.generated for x in self.decodes), default=0)
 
 
 def _whole(value) -> bool:
@@ -389,7 +397,10 @@ class _Engine:
         if not tokens:
             raise RuntimeError(f"an empty step at t={self.now:.6f} s with {len(self.running)} running: the engine "
                                f"planned no prefill and no decode")
-        dt = self.cost.step(tokens, step.prefill_work, decode_kv)
+        detail = getattr(self.cost, "step_detail", None)
+        dt = (detail(tokens, step.prefill_work, decode_kv, prefills=len(step.prefills),
+                     decode_ctx_max=step.decode_ctx_max)
+              if detail is not None else self.cost.step(tokens, step.prefill_work, decode_kv))
         if not (dt > 0 and math.isfinite(dt)):
             raise ValueError(f"the cost model gives {dt!r} s for a step of {prefill_tokens} prefill and "
                              f"{len(step.decodes)} decode tokens ({decode_kv} of KV): a step must take a positive, "
