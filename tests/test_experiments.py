@@ -36,3 +36,10 @@ def test_the_full_sweep_is_what_the_reference_set_was_measured_with(notebook):
 def test_an_unknown_size_is_refused(notebook):
     with pytest.raises(ValueError, match="full"):
         EXPERIMENTS[notebook].sweep("medium")
+
+
+def test_serving_engine_stores_floats_to_a_tenth_of_a_microsecond_and_nan_as_none():
+    f = serving_engine._none_for_nan
+    assert f(float("nan")) is None
+    assert f(0.032338243999987526) == 0.0323382 and f(12.34567891) == 12.3456789
+    assert f(7) == 7 and f(True) is True and f(None) is None and f("chat") == "chat"

@@ -131,13 +131,16 @@ def prompts_for(reqs: list[dict], vocab: int, seed: int) -> list[list[int]]:
 
 def _none_for_nan(v):
     """JSON has no NaN: a value that does not exist (the GPU time of a CPU step, the TPOT of a one-token
-    request) is stored as None."""
-    return None if isinstance(v, float) and v != v else v
+    request) is stored as None. Other floats (seconds, and ratios of them) are kept to 7 decimals: 0.1 us,
+    far below any step's noise, and half the characters of a full float."""
+    if isinstance(v, float):
+        return None if v != v else round(v, 7)
+    return v
 
 
 def _compact(engine: LLMEngine, t0: float) -> list[list]:
     """The run's step records as rows of ``STEP_KEYS``, times relative to ``t0``."""
-    return [[s[k] - t0 if k in ("start", "end") else _none_for_nan(s[k]) for k in STEP_KEYS] for s in engine.steps]
+    return [[_none_for_nan(s[k] - t0 if k in ("start", "end") else s[k]) for k in STEP_KEYS] for s in engine.steps]
 
 
 def _stored(results: list[dict]) -> list[dict]:
@@ -157,9 +160,10 @@ def _timeline(engine: LLMEngine, results: list[dict], t0: float, engine_id: dict
         return {}
     pick = chats[len(chats) // 2]
     x = engine.requests[engine_id[pick["id"]]]
-    steps = [(s["start"] - t0, s["end"] - t0) for s in engine.steps if x.id in s["prefill"]]
-    return {"id": pick["id"], "arrival": x.arrival - t0, "admitted": x.first_admitted - t0, "prefill_steps": steps,
-            "token_times": [t - t0 for t in x.token_times]}
+    r = _none_for_nan
+    steps = [(r(s["start"] - t0), r(s["end"] - t0)) for s in engine.steps if x.id in s["prefill"]]
+    return {"id": pick["id"], "arrival": r(x.arrival - t0), "admitted": r(x.first_admitted - t0),
+            "prefill_steps": steps, "token_times": [r(t - t0) for t in x.token_times]}
 
 
 def run_offline(runner, config: EngineConfig, reqs: list[dict], prompts) -> dict:
