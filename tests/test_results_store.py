@@ -86,7 +86,7 @@ def test_write_then_read_round_trips_and_creates_folders(tmp_path):
     sealed = dict(rec, digest=results.digest(rec))
     assert results.read(path) == sealed and list(sealed)[-1] == "digest"
     text = path.read_text()
-    assert text == json.dumps(sealed, indent=1) + "\n"  # readable in a diff: one key per line, a final newline
+    assert text == results.dumps(sealed) + "\n"  # readable in a diff: one key per line, a final newline
     assert [p.name for p in path.parent.iterdir()] == ["nb.json"]  # no temporary or lock file left behind
 
 
@@ -992,3 +992,14 @@ def test_every_input_is_checked_past_one_that_cannot_be_read(tmp_path):
         f"its input {(base / '00-a.json').as_posix()} cannot be read",
         f"its input {(base / '00-b.json').as_posix()} changed since it was measured"]
     assert reasons[1].endswith(f"(digest 000000000000 then, {now_b[7:19]} now)")
+
+
+def test_dumps_keeps_a_list_of_scalars_on_one_line_and_the_values_unchanged():
+    from lib.bench import results as store
+
+    value = {"steps": [[0.5, 1, None, True, "x"], [2.0, 3, None, False, "y"]], "empty": {}, "none": [],
+             "nested": {"series": [1, 2, 3], "mixed": [1, [2, 3]]}}
+    text = store.dumps(value)
+    assert json.loads(text) == value
+    assert '  [0.5, 1, null, true, "x"],\n' in text and '"series": [1, 2, 3]' in text
+    assert json.loads(store.dumps([])) == [] and store.dumps(7) == "7"
