@@ -117,6 +117,70 @@ def test_w4_matches_float64(dtype, M, K, N, group, splits, swap):
     assert _rel_err(y, ref) < (1e-5 if dtype == torch.float32 else 2e-3)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("M,K,N,splits,rows", [(1, 256, 200, 1, 32), (3, 512, 96, 2, 16), (2, 100, 64, 1, 32),
+                                               (1, 96, 130, 1, 64)])  # K = 100, 96: the last tile masked
+def test_w8_gemv_matches_float64(dtype, M, K, N, splits, rows):
+    g = torch.Generator().manual_seed(M * 5 + K)
+    x, w = torch.randn(M, K, generator=g).to(dtype), torch.randn(K, N, generator=g) * 0.02
+    w[0, :2] = torch.tensor([-1.0, 1.0])  # column 0 holds -127, column 1 holds 127
+    qw = quant.quantize_int8(w)
+    assert int(qw.q.min()) == -127 and int(qw.q.max()) == 127  # both ends of the range pass through the kernel
+    y = qg.w8_gemv(x, qw, splits=splits, rows=rows)
+    ref = x.double() @ qw.dequantize(torch.float64)
+    assert y.dtype == dtype and y.shape == (M, N)
+    assert _rel_err(y, ref) < (1e-6 if dtype == torch.float32 else 2e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("M,K,N,group,splits,rows", [(1, 256, 200, 128, 1, 32), (2, 512, 64, 32, 2, 16),
+                                                     (4, 256, 96, 64, 1, 8), (1, 512, 72, 256, 4, 32)])
+def test_w4_gemv_matches_float64(dtype, M, K, N, group, splits, rows):
+    g = torch.Generator().manual_seed(M * 13 + group)
+    x, w = torch.randn(M, K, generator=g).to(dtype), torch.randn(K, N, generator=g) * 0.02
+    qw = quant.quantize_int4(w, group)
+    assert int(qw.values().min()) == -8 or int(qw.values().max()) == 7
+    y = qg.w4_gemv(x, qw, splits=splits, rows=rows)
+    ref = x.double() @ qw.dequantize(torch.float64)
+    assert y.dtype == dtype and y.shape == (M, N)
+    assert _rel_err(y, ref) < (1e-6 if dtype == torch.float32 else 2e-3)
+
+
+def test_gemv_every_int4_value_by_hand():
+    # K = 32 (one group), four columns (one word): column j holds q = (k + 5j) mod 16 - 8, every value -8..7,
+    # with scale j + 1; x picks rows 0, 17 (a high nibble) and 31 with weights 1, 2, -1
+    q = torch.tensor([[(k + 5 * j) % 16 - 8 for j in range(4)] for k in range(32)], dtype=torch.int8)
+    qw = quant.Int4Weight(qg.pack_int4(q), torch.tensor([[1.0, 2.0, 3.0, 4.0]]), 32)
+    x = torch.zeros(1, 32)
+    x[0, 0], x[0, 17], x[0, 31] = 1.0, 2.0, -1.0
+    expect = [(j + 1) * (((0 + 5 * j) % 16 - 8) + 2 * ((17 + 5 * j) % 16 - 8) - ((31 + 5 * j) % 16 - 8)) for j in range(4)]
+    assert qg.w4_gemv(x, qw)[0].tolist() == expect  # [-29, -6, 21, -60], exact in float32
+    assert qg.w4_gemv(torch.ones(1, 32), qw)[0].tolist() == [-16.0 * (j + 1) for j in range(4)]
+
+
+@pytest.mark.parametrize("magnitude", [1e-6, 1.0, 3e4, 1e9])
+def test_w4_gemv_holds_its_precision_over_the_range_of_activations(magnitude):
+    # the kernel scales x by powers of two up to 2^85 before the products: no overflow up to 2^42, no
+    # underflow of the products for any activation that matters
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 256, generator=g) * magnitude
+    qw = quant.quantize_int4(torch.randn(256, 64, generator=g) * 0.02, 128)
+    ref = x.double() @ qw.dequantize(torch.float64)
+    assert _rel_err(qg.w4_gemv(x, qw), ref) < 1e-6
+
+
+def test_gemv_refuses_bad_launches():
+    qw = quant.quantize_int4(torch.randn(128, 8), 32)
+    with pytest.raises(ValueError, match="dividing the group"):
+        qg.w4_gemv(torch.randn(1, 128), qw, rows=32)  # 64 rows of w per tile, groups of 32
+    with pytest.raises(ValueError, match="whole tiles"):
+        qg.w8_gemv(torch.randn(1, 100), quant.quantize_int8(torch.randn(100, 8)), splits=2, rows=32)
+    with pytest.raises(TypeError, match="Int4Weight"):
+        qg.w4_gemv(torch.randn(1, 128), quant.quantize_int8(torch.randn(128, 8)))
+    with pytest.raises(ValueError, match="multiples of 4"):
+        qg.w4_gemv(torch.randn(1, 128), quant.quantize_int4(torch.randn(128, 6), 32), rows=16)
+
+
 def test_w4_by_hand():
     # K = 32 (one group), N = 1: w = 0.1 at row 0 and -0.2 at row 1 (scale 0.2 / 7), x = 1 at rows 0 and 1
     w = torch.zeros(32, 1)

@@ -358,6 +358,14 @@ def _quant_calls(rec: Recorder) -> None:
                     rec.label = f"chapter 9: int4 g={g} M={M} K={K} N={N} swap={swap}"
                     quant_gemm.w4_mm(x, quant.Int4Weight(_meta(K // 2, N, dtype=torch.uint8),
                                                          _meta(K // g, N, dtype=torch.float32), g), swap=swap)
+        for M in (1, 4):
+            x = _meta(M, K)
+            rec.label = f"chapter 9: int8 GEMV M={M} K={K} N={N}"
+            quant_gemm.w8_gemv(x, quant.Int8Weight(_meta(K, N, dtype=torch.int8), _meta(N, dtype=torch.float32)))
+            for g in quant.GROUPS:
+                rec.label = f"chapter 9: int4 GEMV g={g} M={M} K={K} N={N}"
+                quant_gemm.w4_gemv(x, quant.Int4Weight(_meta(K // 2, N, dtype=torch.uint8),
+                                                       _meta(K // g, N, dtype=torch.float32), g))
 
 
 CALLS = {"decode_attention": _decode_calls, "grouped_gemm": _grouped_calls, "stream": _stream_calls,

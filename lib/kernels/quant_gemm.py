@@ -25,6 +25,15 @@ Both split K across programs as ``lib.kernels.skinny_gemm`` does when the matrix
 partial sums, added by a second small kernel), tile M in blocks of 16 or 64 rows, accumulate in float32,
 and take x in fp16, bf16 or fp32. In Triton's interpreter (CPU) they run in fp16 and fp32.
 
+``w4_gemv`` and ``w8_gemv`` are the same products for the few rows of decode, without the tensor cores:
+one program multiplies one row of x by a block of columns over a slice of K, with few instructions per
+weight. int4 weights are read as 32-bit words of eight nibbles; one XOR flips the eight sign bits, and a
+nibble masked in place is, as a float, a denormal worth its value times a power of two, which x was
+scaled by beforehand: one logic operation and one and a half fused multiply-adds per weight. An int8
+byte with its sign bit flipped, OR'd into the bits of 2^23, is the float 2^23 + q + 128, and one
+subtraction makes it q. The products accumulate element by element in a [rows, columns] tile of float32,
+summed over K once, at the end.
+
 Chapter: 9.
 """
 
@@ -181,6 +190,89 @@ def _w4_kernel(X, Q, S, P, M, N, K, K_SPLIT, GROUP, stride_xm, stride_qk, stride
     _store(P, acc, rm, rn, mmask, nmask, stride_ps, stride_pm, SWAP)
 
 
+@triton.jit
+def _denormal(w, MASK: tl.constexpr):
+    """The bits of w under MASK (within the low 23) as a float32 with no exponent bits: a denormal worth
+    those bits times 2^-149, exactly."""
+    return (w & MASK).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _w4_pair(lo, hi, xe, xo, c, s, acc):
+    """acc + s * (lo xe + hi xo - c), as three fused multiply-adds."""
+    t = lo * xe - c
+    t = hi * xo + t
+    return t * s + acc
+
+
+@triton.jit
+def _w4_gemv_kernel(X, Q, S, P, N4, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_ps, stride_pm,
+                    BLOCK_W: tl.constexpr, ROWS: tl.constexpr, GROUP: tl.constexpr):
+    """Row program_id(2) of x times 4 * BLOCK_W columns of w over slice program_id(1) of K. Q is the packed
+    bytes read as 32-bit words [K / 2, N / 4]: word c of byte row i holds columns 4c..4c + 3 of rows 2i
+    (low nibbles) and 2i + 1 (high); a tile of ROWS byte rows lies in one group.
+
+    A nibble with its sign bit flipped is u = q + 8 (the word's eight sign bits flip in one XOR). Masked in
+    place at bit b of the word, as a float, it is the denormal u 2^(b - 149); x multiplied beforehand by
+    2^(149 - b - 64) makes the product u x 2^-64, and 8 x 2^-64 less is q x 2^-64; the sums are scaled by
+    2^64 at the end (x may reach 2^42 in magnitude before x 2^85 overflows). Bytes 2 and 3 are shifted
+    down to bytes 0 and 1 (bit 23 is a float's exponent)."""
+    m = tl.program_id(2)
+    rw = tl.program_id(0) * BLOCK_W + tl.arange(0, BLOCK_W)
+    wmask = rw < N4
+    k_lo = tl.program_id(1) * K_SPLIT
+    xrow = X + m * stride_xm
+    acc0 = tl.zeros((ROWS, BLOCK_W), dtype=tl.float32)
+    acc1 = tl.zeros((ROWS, BLOCK_W), dtype=tl.float32)
+    acc2 = tl.zeros((ROWS, BLOCK_W), dtype=tl.float32)
+    acc3 = tl.zeros((ROWS, BLOCK_W), dtype=tl.float32)
+    for k in range(k_lo, k_lo + K_SPLIT, 2 * ROWS):
+        rb = k // 2 + tl.arange(0, ROWS)
+        w = tl.load(Q + rb[:, None] * stride_qk + rw[None, :], mask=wmask[None, :], other=0) ^ -0x77777778
+        w2 = w >> 16
+        xe = tl.load(xrow + k + 2 * tl.arange(0, ROWS)[:, None]).to(tl.float32)
+        xo = tl.load(xrow + k + 1 + 2 * tl.arange(0, ROWS)[:, None]).to(tl.float32)
+        c = (xe + xo) * 4.336808689942018e-19  # 8 * 2^-64
+        xe0, xo0 = xe * 3.8685626227668134e+25, xo * 2.4178516392292583e+24  # 2^85, 2^81 (bits 0 and 4)
+        xe1, xo1 = xe * 1.5111572745182865e+23, xo * 9.44473296573929e+21  # 2^77, 2^73 (bits 8 and 12)
+        srow = S + (k // GROUP) * stride_sg + 4 * rw[None, :]
+        acc0 = _w4_pair(_denormal(w, 0xF), _denormal(w, 0xF0), xe0, xo0, c,
+                        tl.load(srow, mask=wmask[None, :], other=0.0), acc0)
+        acc1 = _w4_pair(_denormal(w, 0xF00), _denormal(w, 0xF000), xe1, xo1, c,
+                        tl.load(srow + 1, mask=wmask[None, :], other=0.0), acc1)
+        acc2 = _w4_pair(_denormal(w2, 0xF), _denormal(w2, 0xF0), xe0, xo0, c,
+                        tl.load(srow + 2, mask=wmask[None, :], other=0.0), acc2)
+        acc3 = _w4_pair(_denormal(w2, 0xF00), _denormal(w2, 0xF000), xe1, xo1, c,
+                        tl.load(srow + 3, mask=wmask[None, :], other=0.0), acc3)
+    out = P + tl.program_id(1) * stride_ps + m * stride_pm + 4 * rw
+    ty = P.dtype.element_ty
+    tl.store(out, (tl.sum(acc0, axis=0) * 18446744073709551616.0).to(ty), mask=wmask)  # 2^64
+    tl.store(out + 1, (tl.sum(acc1, axis=0) * 18446744073709551616.0).to(ty), mask=wmask)
+    tl.store(out + 2, (tl.sum(acc2, axis=0) * 18446744073709551616.0).to(ty), mask=wmask)
+    tl.store(out + 3, (tl.sum(acc3, axis=0) * 18446744073709551616.0).to(ty), mask=wmask)
+
+
+@triton.jit
+def _w8_gemv_kernel(X, Q, S, P, N, K, K_SPLIT, stride_xm, stride_qk, stride_ps, stride_pm,
+                    BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+    """Row program_id(2) of x times columns program_id(0) of w over slice program_id(1) of K; Q is the int8
+    weights' bytes (uint8), the tile's rows past K masked."""
+    m = tl.program_id(2)
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = rn < N
+    k_lo = tl.program_id(1) * K_SPLIT
+    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    for k in range(k_lo, k_lo + K_SPLIT, ROWS):
+        rk = k + tl.arange(0, ROWS)
+        kmask = rk < K
+        b = tl.load(Q + rk[:, None] * stride_qk + rn[None, :], mask=kmask[:, None] & nmask[None, :], other=0)
+        x = tl.load(X + m * stride_xm + rk[:, None], mask=kmask[:, None], other=0.0).to(tl.float32)
+        # the byte with its sign bit flipped is q + 128: as the float 2^23 + q + 128, less 2^23 + 128
+        acc += ((b.to(tl.int32) ^ 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0) * x
+    out = tl.sum(acc, axis=0) * tl.load(S + rn, mask=nmask, other=0.0)
+    tl.store(P + tl.program_id(1) * stride_ps + m * stride_pm + rn, out.to(P.dtype.element_ty), mask=nmask)
+
+
 # for 16-bit x: the bits of OFFSET - 8 XOR 0x8, and OFFSET (the float whose last mantissa bit is worth 1,
 # plus 8): bf16 128 (0x4300), fp16 1024 (0x6400); float32 x converts instead
 _MAGIC = {torch.bfloat16: (0x4308, 136.0), torch.float16: (0x6408, 1032.0), torch.float32: (0, 0.0)}
@@ -276,3 +368,76 @@ def w4_mm(x: torch.Tensor, w: Int4Weight, *, splits: int | None = None, block_k:
     return _launch(_w4_kernel, x, (w.packed, w.scale), x.shape[0], N, K, cfg, cfg["splits"],
                    (w.group, x.stride(0), w.packed.stride(0), w.scale.stride(0)), block_k, HALF_K=block_k // 2,
                    MAGIC=_MAGIC[x.dtype][0], OFFSET=_MAGIC[x.dtype][1], SWAP=bool(swap))
+
+
+def choose_gemv_config(M: int, N: int, K: int, sms: int, *, bits: int, group: int = 128) -> dict:
+    """Tiles of 32 rows of bytes (int4: at most half a group) and 128 columns, and the fewest splits of K
+    (powers of two, slices of at least four tiles) that launch four programs per SM."""
+    rows = min(32, group // 2) if bits == 4 else 32
+    per = 2 * rows if bits == 4 else rows  # rows of w per tile
+    block_n = 128
+    programs = triton.cdiv(N, block_n) * M
+    splits = 1
+    while programs * splits < 4 * sms and K % (2 * splits * per) == 0 and K // (2 * splits) >= 4 * per:
+        splits *= 2
+    return {"rows": rows, "block_n": block_n, "splits": splits, "num_warps": 4, "num_stages": 3}
+
+
+def _gemv(x, w, bits: int, given: dict) -> torch.Tensor:
+    M = x.shape[0]
+    K, N, group = (w.K, w.packed.shape[1], w.group) if bits == 4 else (*w.q.shape, 1)
+    cfg = choose_gemv_config(M, N, K, launch.sm_count(x.device), bits=bits, group=group)
+    cfg.update({k: v for k, v in given.items() if v is not None})
+    rows, splits, block_n = cfg["rows"], cfg["splits"], cfg["block_n"]
+    per = 2 * rows if bits == 4 else rows
+    if rows < 1 or rows & (rows - 1) or (bits == 4 and group % per):
+        raise ValueError(f"rows={rows} must be a power of two" + (f" with 2 * rows dividing the group of {group}"
+                                                                    if bits == 4 else ""))
+    if bits == 4 and (block_n % 4 or N % 4):
+        raise ValueError(f"int4 columns are read four to a word: block_n={block_n} and N={N} must be multiples of 4")
+    if splits == 1:
+        k_split = triton.cdiv(K, per) * per
+    elif splits < 1 or K % (splits * per):
+        raise ValueError(f"splits={splits} must cut K={K} into slices that are whole tiles of {per} rows")
+    else:
+        k_split = K // splits
+    out = torch.empty(M, N, device=x.device, dtype=x.dtype)
+    part = out if splits == 1 else torch.empty(splits, M, N, device=x.device, dtype=torch.float32)
+    grid = (triton.cdiv(N, block_n), splits, M)
+    meta = {"ROWS": rows, "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+    if bits == 4:
+        _w4_gemv_kernel[grid](x, w.packed.view(torch.int32), w.scale, part, N // 4, k_split, x.stride(0),
+                              w.packed.shape[1] // 4, w.scale.stride(0), M * N if splits > 1 else 0, N,
+                              BLOCK_W=block_n // 4, GROUP=group, **meta)
+    else:
+        _w8_gemv_kernel[grid](x, w.q.view(torch.uint8), w.scale, part, N, K, k_split, x.stride(0), w.q.stride(0),
+                              M * N if splits > 1 else 0, N, BLOCK_N=block_n, **meta)
+    if splits > 1:
+        _sum_splits_kernel[(triton.cdiv(M * N, 1024),)](part, out, M * N, SPLITS=splits, BLOCK=1024)
+    return out
+
+
+def w8_gemv(x: torch.Tensor, w: Int8Weight, *, rows: int | None = None, block_n: int | None = None,
+            splits: int | None = None, num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+    """``w8_mm``'s product for the few rows of decode, on the CUDA cores (see the module): [M, N] in x's dtype."""
+    if not isinstance(w, Int8Weight):
+        raise TypeError(f"w must be an Int8Weight (lib.quant.quantize_int8), got {type(w).__name__}")
+    _check_x(x, w.q.shape[0], w.q.device)
+    if not w.q.is_contiguous() or not w.scale.is_contiguous() or w.scale.dtype != torch.float32:
+        raise ValueError("w.q must be contiguous and w.scale a contiguous float32 vector")
+    return _gemv(x, w, 8, {"rows": rows, "block_n": block_n, "splits": splits, "num_warps": num_warps,
+                           "num_stages": num_stages})
+
+
+def w4_gemv(x: torch.Tensor, w: Int4Weight, *, rows: int | None = None, block_n: int | None = None,
+            splits: int | None = None, num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+    """``w4_mm``'s product for the few rows of decode, on the CUDA cores (see the module): [M, N] in x's
+    dtype. ``rows`` (bytes of w per tile, two rows of w each) must be a power of two, 2 * rows dividing the
+    group; N and ``block_n`` multiples of 4."""
+    if not isinstance(w, Int4Weight):
+        raise TypeError(f"w must be an Int4Weight (lib.quant.quantize_int4), got {type(w).__name__}")
+    _check_x(x, w.K, w.packed.device)
+    if not w.packed.is_contiguous() or not w.scale.is_contiguous() or w.scale.dtype != torch.float32:
+        raise ValueError("w.packed must be contiguous and w.scale a contiguous float32 tensor")
+    return _gemv(x, w, 4, {"rows": rows, "block_n": block_n, "splits": splits, "num_warps": num_warps,
+                           "num_stages": num_stages})
