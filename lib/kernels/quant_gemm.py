@@ -206,11 +206,28 @@ def _w4_pair(lo, hi, xe, xo, c, s, acc):
 
 
 @triton.jit
+def _w4_gemv_tile(Q, xrow, S, k, k_end, rw, wmask, stride_qk, stride_sg, ROWS: tl.constexpr, GROUP: tl.constexpr):
+    """The operands of the tile at row k of w (all zero at or past k_end): the words, x's even and odd rows
+    [ROWS, 1], and the four columns' scales of the tile's group [1, BLOCK_W] each."""
+    live = k < k_end
+    rb = k // 2 + tl.arange(0, ROWS)
+    m2 = wmask[None, :] & live
+    w = tl.load(Q + rb[:, None] * stride_qk + rw[None, :], mask=m2, other=0)
+    re = k + 2 * tl.arange(0, ROWS)[:, None]
+    xe = tl.load(xrow + re, mask=live, other=0.0).to(tl.float32)
+    xo = tl.load(xrow + re + 1, mask=live, other=0.0).to(tl.float32)
+    srow = S + (k // GROUP) * stride_sg + 4 * rw[None, :]
+    return (w, xe, xo, tl.load(srow, mask=m2, other=0.0), tl.load(srow + 1, mask=m2, other=0.0),
+            tl.load(srow + 2, mask=m2, other=0.0), tl.load(srow + 3, mask=m2, other=0.0))
+
+
+@triton.jit
 def _w4_gemv_kernel(X, Q, S, P, N4, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_ps, stride_pm,
                     BLOCK_W: tl.constexpr, ROWS: tl.constexpr, GROUP: tl.constexpr):
     """Row program_id(2) of x times 4 * BLOCK_W columns of w over slice program_id(1) of K. Q is the packed
     bytes read as 32-bit words [K / 2, N / 4]: word c of byte row i holds columns 4c..4c + 3 of rows 2i
-    (low nibbles) and 2i + 1 (high); a tile of ROWS byte rows lies in one group.
+    (low nibbles) and 2i + 1 (high); a tile of ROWS byte rows lies in one group. Each step requests the
+    next tile's operands before it computes on the current one's.
 
     A nibble with its sign bit flipped is u = q + 8 (the word's eight sign bits flip in one XOR). Masked in
     place at bit b of the word, as a float, it is the denormal u 2^(b - 149); x multiplied beforehand by
@@ -221,29 +238,25 @@ def _w4_gemv_kernel(X, Q, S, P, N4, K_SPLIT, stride_xm, stride_qk, stride_sg, st
     rw = tl.program_id(0) * BLOCK_W + tl.arange(0, BLOCK_W)
     wmask = rw < N4
     k_lo = tl.program_id(1) * K_SPLIT
+    k_end = k_lo + K_SPLIT
     xrow = X + m * stride_xm
     acc0 = tl.zeros((ROWS, BLOCK_W), dtype=tl.float32)
     acc1 = tl.zeros((ROWS, BLOCK_W), dtype=tl.float32)
     acc2 = tl.zeros((ROWS, BLOCK_W), dtype=tl.float32)
     acc3 = tl.zeros((ROWS, BLOCK_W), dtype=tl.float32)
-    for k in range(k_lo, k_lo + K_SPLIT, 2 * ROWS):
-        rb = k // 2 + tl.arange(0, ROWS)
-        w = tl.load(Q + rb[:, None] * stride_qk + rw[None, :], mask=wmask[None, :], other=0) ^ -0x77777778
+    nxt = _w4_gemv_tile(Q, xrow, S, k_lo, k_end, rw, wmask, stride_qk, stride_sg, ROWS, GROUP)
+    for k in range(k_lo, k_end, 2 * ROWS):
+        w, xe, xo, s0, s1, s2, s3 = nxt
+        nxt = _w4_gemv_tile(Q, xrow, S, k + 2 * ROWS, k_end, rw, wmask, stride_qk, stride_sg, ROWS, GROUP)
+        w = w ^ -0x77777778
         w2 = w >> 16
-        xe = tl.load(xrow + k + 2 * tl.arange(0, ROWS)[:, None]).to(tl.float32)
-        xo = tl.load(xrow + k + 1 + 2 * tl.arange(0, ROWS)[:, None]).to(tl.float32)
         c = (xe + xo) * 4.336808689942018e-19  # 8 * 2^-64
         xe0, xo0 = xe * 3.8685626227668134e+25, xo * 2.4178516392292583e+24  # 2^85, 2^81 (bits 0 and 4)
         xe1, xo1 = xe * 1.5111572745182865e+23, xo * 9.44473296573929e+21  # 2^77, 2^73 (bits 8 and 12)
-        srow = S + (k // GROUP) * stride_sg + 4 * rw[None, :]
-        acc0 = _w4_pair(_denormal(w, 0xF), _denormal(w, 0xF0), xe0, xo0, c,
-                        tl.load(srow, mask=wmask[None, :], other=0.0), acc0)
-        acc1 = _w4_pair(_denormal(w, 0xF00), _denormal(w, 0xF000), xe1, xo1, c,
-                        tl.load(srow + 1, mask=wmask[None, :], other=0.0), acc1)
-        acc2 = _w4_pair(_denormal(w2, 0xF), _denormal(w2, 0xF0), xe0, xo0, c,
-                        tl.load(srow + 2, mask=wmask[None, :], other=0.0), acc2)
-        acc3 = _w4_pair(_denormal(w2, 0xF00), _denormal(w2, 0xF000), xe1, xo1, c,
-                        tl.load(srow + 3, mask=wmask[None, :], other=0.0), acc3)
+        acc0 = _w4_pair(_denormal(w, 0xF), _denormal(w, 0xF0), xe0, xo0, c, s0, acc0)
+        acc1 = _w4_pair(_denormal(w, 0xF00), _denormal(w, 0xF000), xe1, xo1, c, s1, acc1)
+        acc2 = _w4_pair(_denormal(w2, 0xF), _denormal(w2, 0xF0), xe0, xo0, c, s2, acc2)
+        acc3 = _w4_pair(_denormal(w2, 0xF00), _denormal(w2, 0xF000), xe1, xo1, c, s3, acc3)
     out = P + tl.program_id(1) * stride_ps + m * stride_pm + 4 * rw
     ty = P.dtype.element_ty
     tl.store(out, (tl.sum(acc0, axis=0) * 18446744073709551616.0).to(ty), mask=wmask)  # 2^64
@@ -253,20 +266,30 @@ def _w4_gemv_kernel(X, Q, S, P, N4, K_SPLIT, stride_xm, stride_qk, stride_sg, st
 
 
 @triton.jit
+def _w8_gemv_tile(Q, xrow, k, k_end, K, rn, nmask, stride_qk, ROWS: tl.constexpr):
+    """The bytes of the tile at row k of w and x's rows [ROWS, 1] (zero past K or at or past k_end)."""
+    rk = k + tl.arange(0, ROWS)
+    kmask = (rk < K) & (k < k_end)
+    b = tl.load(Q + rk[:, None] * stride_qk + rn[None, :], mask=kmask[:, None] & nmask[None, :], other=0)
+    return b, tl.load(xrow + rk[:, None], mask=kmask[:, None], other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _w8_gemv_kernel(X, Q, S, P, N, K, K_SPLIT, stride_xm, stride_qk, stride_ps, stride_pm,
                     BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
     """Row program_id(2) of x times columns program_id(0) of w over slice program_id(1) of K; Q is the int8
-    weights' bytes (uint8), the tile's rows past K masked."""
+    weights' bytes (uint8). Each step requests the next tile before it computes on the current one."""
     m = tl.program_id(2)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < N
     k_lo = tl.program_id(1) * K_SPLIT
+    k_end = k_lo + K_SPLIT
+    xrow = X + m * stride_xm
     acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
-    for k in range(k_lo, k_lo + K_SPLIT, ROWS):
-        rk = k + tl.arange(0, ROWS)
-        kmask = rk < K
-        b = tl.load(Q + rk[:, None] * stride_qk + rn[None, :], mask=kmask[:, None] & nmask[None, :], other=0)
-        x = tl.load(X + m * stride_xm + rk[:, None], mask=kmask[:, None], other=0.0).to(tl.float32)
+    nxt = _w8_gemv_tile(Q, xrow, k_lo, k_end, K, rn, nmask, stride_qk, ROWS)
+    for k in range(k_lo, k_end, ROWS):
+        b, x = nxt
+        nxt = _w8_gemv_tile(Q, xrow, k + ROWS, k_end, K, rn, nmask, stride_qk, ROWS)
         # the byte with its sign bit flipped is q + 128: as the float 2^23 + q + 128, less 2^23 + 128
         acc += ((b.to(tl.int32) ^ 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0) * x
     out = tl.sum(acc, axis=0) * tl.load(S + rn, mask=nmask, other=0.0)

@@ -7,7 +7,8 @@ columns), splits of K and warps for ``w8_gemv`` (int8) and ``w4_gemv`` (int4, gr
 against the float32 product of the dequantized weights first, then timed by CUDA-graph replay over copies
 of the weights that defeat the L2. Beside them on the same matrices: bf16 cuBLAS, torch's int4 path
 (``_weight_int4pack_mm``, groups of 128) and the tensor-core kernels' default launch (``w4_mm``,
-``w8_mm``), and the floor of one kernel that only reads the quantized bytes (chapter 0's ``read_sum``).
+``w8_mm``), and two floors: one kernel that only reads the quantized bytes (chapter 0's ``read_sum``), and cuBLAS's
+bf16 product over a matrix of as many bytes.
 Each row has the GPU time, the bytes read (weights and scales) over it as a fraction of chapter 0's read
 rate, and the speedup over bf16.
 """
@@ -31,7 +32,7 @@ from lib.kernels import quant_gemm as qg  # noqa: E402
 from lib.kernels import stream  # noqa: E402
 
 SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
-GRID = {"rows": (16, 32, 64), "block_n": (128, 256, 512), "splits": (1, 2, 4, 8, 16, 32), "num_warps": (4, 8)}
+GRID = {"rows": (16, 32, 64, 128), "block_n": (128, 256, 512), "splits": (1, 2, 4, 8, 16, 32), "num_warps": (4, 8)}
 
 
 def time_of(calls) -> float:
@@ -73,13 +74,19 @@ def main() -> int:
                 floor = time_of([lambda a=a, b=b: stream.read_sum(a, b, programs=4 * 132)
                                  for a, b in zip(half[::2], half[1::2])])
                 del half
+                # the vendor's GEMV over as many bf16 bytes as the quantized weights' (K / 4 or K / 2 rows)
+                kb = K // 4 if fmt == "int4" else K // 2
+                wb = [torch.randn(kb, N, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(copies)]
+                xb = x[:, :kb].contiguous()
+                same_bytes = time_of([lambda w=w, xb=xb: xb @ w for w in wb])
+                del wb
                 mm_us = time_of([lambda q=q, x=x, mm=mm: mm(x, q) for q in qws])
                 ref = x.float() @ qws[0].dequantize(torch.float32)
                 best = None
                 for vals in itertools.product(*GRID.values()):
                     kw = dict(zip(GRID, vals))
                     per = 2 * kw["rows"] if fmt == "int4" else kw["rows"]
-                    if K % (kw["splits"] * per):
+                    if K % (kw["splits"] * per) or (fmt == "int4" and per > 128):
                         continue
                     try:
                         y = fn(x, qws[0], **kw)
@@ -92,13 +99,14 @@ def main() -> int:
                     us = time_of([lambda q=q, x=x, kw=kw, fn=fn: fn(x, q, **kw) for q in qws])
                     row = {"shape": name, "M": M, "K": K, "N": N, "format": fmt, **kw, "gpu_us": us,
                            "of_read_rate": nbytes / us * 1e6 / read_bw, "bf16_us": base, "speedup": base / us,
-                           "read_floor_us": floor, "mm_default_us": mm_us}
+                           "read_floor_us": floor, "bf16_same_bytes_us": same_bytes,
+                           "mm_default_us": mm_us}
                     rows.append(row)
                     if best is None or us < best["gpu_us"]:
                         best = row
                 t4 = next((r["gpu_us"] for r in rows[::-1] if r.get("format") == "torch int4" and r["shape"] == name
                            and r["M"] == M), float("nan"))
-                print(f"{name:8s} M={M} {fmt}: bf16 {base:6.1f} us, torch int4 {t4:6.1f}, read floor {floor:5.1f}, "
+                print(f"{name:8s} M={M} {fmt}: bf16 {base:6.1f} us, torch int4 {t4:6.1f}, read floor {floor:5.1f}, bf16 same bytes {same_bytes:5.1f}, "
                       f"tensor-core default {mm_us:6.1f}; best GEMV {best['gpu_us']:6.1f} us x{best['speedup']:.2f} "
                       f"({best['of_read_rate']:.2f} of read) {({k: best[k] for k in GRID})}", flush=True)
                 records.write(args.out, rows, tool=__file__)
