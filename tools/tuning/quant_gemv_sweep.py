@@ -106,7 +106,8 @@ def main() -> int:
                         best = row
                 t4 = next((r["gpu_us"] for r in rows[::-1] if r.get("format") == "torch int4" and r["shape"] == name
                            and r["M"] == M), float("nan"))
-                print(f"{name:8s} M={M} {fmt}: bf16 {base:6.1f} us, torch int4 {t4:6.1f}, read floor {floor:5.1f}, bf16 same bytes {same_bytes:5.1f}, "
+                print(f"{name:8s} M={M} {fmt}: bf16 {base:6.1f} us, torch int4 {t4:6.1f}, read floor {floor:5.1f}, "
+                      f"bf16 same bytes {same_bytes:5.1f}, "
                       f"tensor-core default {mm_us:6.1f}; best GEMV {best['gpu_us']:6.1f} us x{best['speedup']:.2f} "
                       f"({best['of_read_rate']:.2f} of read) {({k: best[k] for k in GRID})}", flush=True)
                 records.write(args.out, rows, tool=__file__)
