@@ -269,3 +269,15 @@ def test_quantized_step_refuses_an_unknown_format():
 
     with pytest.raises(ValueError, match="fmt must be"):
         llama_quant.QuantStep(llama.random_model(llama.TINY, dtype=torch.float32, device="cpu"), "int3")
+
+
+def test_one_row_goes_to_the_gemv_and_more_rows_to_the_tensor_core_kernel():
+    g = torch.Generator().manual_seed(9)
+    w4, w8 = quant.quantize_int4(torch.randn(256, 64, generator=g), 64), quant.quantize_int8(torch.randn(256, 64, generator=g))
+    x1, x3 = torch.randn(1, 256, generator=g), torch.randn(3, 256, generator=g)
+    assert qg.gemv_rows(1) and not qg.gemv_rows(3)
+    assert torch.equal(qg.w4_mm(x1, w4), qg.w4_gemv(x1, w4)) and torch.equal(qg.w8_mm(x1, w8), qg.w8_gemv(x1, w8))
+    assert torch.equal(qg.w4_mm(x3, w4), qg.w4_mm(x3, w4, gemv=False))
+    assert torch.equal(qg.w8_mm(x3, w8), qg.w8_mm(x3, w8, gemv=False))
+    # a tensor-core launch parameter keeps one row on the tensor-core kernel
+    assert torch.equal(qg.w4_mm(x1, w4, splits=2), qg.w4_mm(x1, w4, splits=2, gemv=False))

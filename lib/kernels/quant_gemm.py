@@ -206,28 +206,11 @@ def _w4_pair(lo, hi, xe, xo, c, s, acc):
 
 
 @triton.jit
-def _w4_gemv_tile(Q, xrow, S, k, k_end, rw, wmask, stride_qk, stride_sg, ROWS: tl.constexpr, GROUP: tl.constexpr):
-    """The operands of the tile at row k of w (all zero at or past k_end): the words, x's even and odd rows
-    [ROWS, 1], and the four columns' scales of the tile's group [1, BLOCK_W] each."""
-    live = k < k_end
-    rb = k // 2 + tl.arange(0, ROWS)
-    m2 = wmask[None, :] & live
-    w = tl.load(Q + rb[:, None] * stride_qk + rw[None, :], mask=m2, other=0)
-    re = k + 2 * tl.arange(0, ROWS)[:, None]
-    xe = tl.load(xrow + re, mask=live, other=0.0).to(tl.float32)
-    xo = tl.load(xrow + re + 1, mask=live, other=0.0).to(tl.float32)
-    srow = S + (k // GROUP) * stride_sg + 4 * rw[None, :]
-    return (w, xe, xo, tl.load(srow, mask=m2, other=0.0), tl.load(srow + 1, mask=m2, other=0.0),
-            tl.load(srow + 2, mask=m2, other=0.0), tl.load(srow + 3, mask=m2, other=0.0))
-
-
-@triton.jit
 def _w4_gemv_kernel(X, Q, S, P, N4, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_ps, stride_pm,
                     BLOCK_W: tl.constexpr, ROWS: tl.constexpr, GROUP: tl.constexpr):
     """Row program_id(2) of x times 4 * BLOCK_W columns of w over slice program_id(1) of K. Q is the packed
     bytes read as 32-bit words [K / 2, N / 4]: word c of byte row i holds columns 4c..4c + 3 of rows 2i
-    (low nibbles) and 2i + 1 (high); a tile of ROWS byte rows lies in one group. Each step requests the
-    next tile's operands before it computes on the current one's.
+    (low nibbles) and 2i + 1 (high); a tile of ROWS byte rows lies in one group.
 
     A nibble with its sign bit flipped is u = q + 8 (the word's eight sign bits flip in one XOR). Masked in
     place at bit b of the word, as a float, it is the denormal u 2^(b - 149); x multiplied beforehand by
@@ -238,25 +221,29 @@ def _w4_gemv_kernel(X, Q, S, P, N4, K_SPLIT, stride_xm, stride_qk, stride_sg, st
     rw = tl.program_id(0) * BLOCK_W + tl.arange(0, BLOCK_W)
     wmask = rw < N4
     k_lo = tl.program_id(1) * K_SPLIT
-    k_end = k_lo + K_SPLIT
     xrow = X + m * stride_xm
     acc0 = tl.zeros((ROWS, BLOCK_W), dtype=tl.float32)
     acc1 = tl.zeros((ROWS, BLOCK_W), dtype=tl.float32)
     acc2 = tl.zeros((ROWS, BLOCK_W), dtype=tl.float32)
     acc3 = tl.zeros((ROWS, BLOCK_W), dtype=tl.float32)
-    nxt = _w4_gemv_tile(Q, xrow, S, k_lo, k_end, rw, wmask, stride_qk, stride_sg, ROWS, GROUP)
-    for k in range(k_lo, k_end, 2 * ROWS):
-        w, xe, xo, s0, s1, s2, s3 = nxt
-        nxt = _w4_gemv_tile(Q, xrow, S, k + 2 * ROWS, k_end, rw, wmask, stride_qk, stride_sg, ROWS, GROUP)
-        w = w ^ -0x77777778
+    for k in range(k_lo, k_lo + K_SPLIT, 2 * ROWS):
+        rb = k // 2 + tl.arange(0, ROWS)
+        w = tl.load(Q + rb[:, None] * stride_qk + rw[None, :], mask=wmask[None, :], other=0) ^ -0x77777778
         w2 = w >> 16
+        xe = tl.load(xrow + k + 2 * tl.arange(0, ROWS)[:, None]).to(tl.float32)
+        xo = tl.load(xrow + k + 1 + 2 * tl.arange(0, ROWS)[:, None]).to(tl.float32)
         c = (xe + xo) * 4.336808689942018e-19  # 8 * 2^-64
         xe0, xo0 = xe * 3.8685626227668134e+25, xo * 2.4178516392292583e+24  # 2^85, 2^81 (bits 0 and 4)
         xe1, xo1 = xe * 1.5111572745182865e+23, xo * 9.44473296573929e+21  # 2^77, 2^73 (bits 8 and 12)
-        acc0 = _w4_pair(_denormal(w, 0xF), _denormal(w, 0xF0), xe0, xo0, c, s0, acc0)
-        acc1 = _w4_pair(_denormal(w, 0xF00), _denormal(w, 0xF000), xe1, xo1, c, s1, acc1)
-        acc2 = _w4_pair(_denormal(w2, 0xF), _denormal(w2, 0xF0), xe0, xo0, c, s2, acc2)
-        acc3 = _w4_pair(_denormal(w2, 0xF00), _denormal(w2, 0xF000), xe1, xo1, c, s3, acc3)
+        srow = S + (k // GROUP) * stride_sg + 4 * rw[None, :]
+        acc0 = _w4_pair(_denormal(w, 0xF), _denormal(w, 0xF0), xe0, xo0, c,
+                        tl.load(srow, mask=wmask[None, :], other=0.0), acc0)
+        acc1 = _w4_pair(_denormal(w, 0xF00), _denormal(w, 0xF000), xe1, xo1, c,
+                        tl.load(srow + 1, mask=wmask[None, :], other=0.0), acc1)
+        acc2 = _w4_pair(_denormal(w2, 0xF), _denormal(w2, 0xF0), xe0, xo0, c,
+                        tl.load(srow + 2, mask=wmask[None, :], other=0.0), acc2)
+        acc3 = _w4_pair(_denormal(w2, 0xF00), _denormal(w2, 0xF000), xe1, xo1, c,
+                        tl.load(srow + 3, mask=wmask[None, :], other=0.0), acc3)
     out = P + tl.program_id(1) * stride_ps + m * stride_pm + 4 * rw
     ty = P.dtype.element_ty
     tl.store(out, (tl.sum(acc0, axis=0) * 18446744073709551616.0).to(ty), mask=wmask)  # 2^64
@@ -359,11 +346,22 @@ def _config(x, N, K, block_k, splits, block_n, num_warps, num_stages, *, masked_
     return cfg
 
 
+def gemv_rows(M: int) -> bool:
+    """Whether ``w8_mm`` and ``w4_mm`` hand M rows to the GEMV: one row (on the H200 the GEMV took 0.4 to
+    0.6 of the tensor-core kernel's time at one row and was slower at four)."""
+    return M == 1
+
+
 def w8_mm(x: torch.Tensor, w: Int8Weight, *, splits: int | None = None, block_k: int = 64, block_n: int | None = None,
-          num_warps: int | None = None, num_stages: int | None = None, swap: bool = False) -> torch.Tensor:
-    """x [M, K] @ (w.q * w.scale) [K, N], the int8 weights dequantized in registers: [M, N] in x's dtype."""
+          num_warps: int | None = None, num_stages: int | None = None, swap: bool = False,
+          gemv: bool | None = None) -> torch.Tensor:
+    """x [M, K] @ (w.q * w.scale) [K, N], the int8 weights dequantized in registers: [M, N] in x's dtype.
+    ``gemv`` None: ``w8_gemv`` where ``gemv_rows`` says so and no tensor-core launch parameter is given."""
     if not isinstance(w, Int8Weight):
         raise TypeError(f"w must be an Int8Weight (lib.quant.quantize_int8), got {type(w).__name__}")
+    tc = (splits, block_n, num_warps, num_stages) != (None,) * 4 or swap or block_k != 64
+    if gemv or (gemv is None and isinstance(x, torch.Tensor) and x.dim() == 2 and gemv_rows(x.shape[0]) and not tc):
+        return w8_gemv(x, w)
     K, N = w.q.shape
     _check_x(x, K, w.q.device)
     if not w.q.is_contiguous() or not w.scale.is_contiguous() or w.scale.dtype != torch.float32:
@@ -375,11 +373,17 @@ def w8_mm(x: torch.Tensor, w: Int8Weight, *, splits: int | None = None, block_k:
 
 def w4_mm(x: torch.Tensor, w: Int4Weight, *, splits: int | None = None, block_k: int | None = None,
           block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-          swap: bool = False) -> torch.Tensor:
+          swap: bool = False, gemv: bool | None = None) -> torch.Tensor:
     """x [M, K] @ (the int4 weights times their group scales) [K, N], dequantized in registers: [M, N] in x's
-    dtype. ``block_k`` (rows of w per tile) defaults to min(64, group) and must divide the group."""
+    dtype. ``block_k`` (rows of w per tile) defaults to min(64, group) and must divide the group. ``gemv``
+    None: ``w4_gemv`` where ``gemv_rows`` says so, N is a multiple of 4 and no tensor-core launch parameter
+    is given."""
     if not isinstance(w, Int4Weight):
         raise TypeError(f"w must be an Int4Weight (lib.quant.quantize_int4), got {type(w).__name__}")
+    tc = (splits, block_k, block_n, num_warps, num_stages) != (None,) * 5 or swap
+    if gemv or (gemv is None and isinstance(x, torch.Tensor) and x.dim() == 2 and gemv_rows(x.shape[0]) and not tc
+                and w.packed.shape[1] % 4 == 0):
+        return w4_gemv(x, w)
     K, N = w.K, w.packed.shape[1]
     _check_x(x, K, w.packed.device)
     block_k = block_k or min(64, w.group)
@@ -394,16 +398,23 @@ def w4_mm(x: torch.Tensor, w: Int4Weight, *, splits: int | None = None, block_k:
 
 
 def choose_gemv_config(M: int, N: int, K: int, sms: int, *, bits: int, group: int = 128) -> dict:
-    """Tiles of 32 rows of bytes (int4: at most half a group) and 128 columns, and the fewest splits of K
-    (powers of two, slices of at least four tiles) that launch four programs per SM."""
-    rows = min(32, group // 2) if bits == 4 else 32
+    """int4: tiles of 64 rows of bytes (at most half a group), 128 columns, 4 warps, and the fewest splits
+    of K (powers of two) that launch 1.5 programs per SM in slices of at most 1,024 rows of w. int8: tiles
+    of 128 rows, 128 columns, 8 warps, the fewest splits that launch 1.5 programs per SM in slices of at
+    least two tiles."""
+    rows = min(64, group // 2) if bits == 4 else 128
     per = 2 * rows if bits == 4 else rows  # rows of w per tile
     block_n = 128
     programs = triton.cdiv(N, block_n) * M
+
+    def more(splits: int) -> bool:
+        short = programs * splits < 1.5 * sms or (bits == 4 and K // splits > 1024)
+        return short and K % (2 * splits * per) == 0 and K // (2 * splits) >= (per if bits == 4 else 2 * per)
+
     splits = 1
-    while programs * splits < 4 * sms and K % (2 * splits * per) == 0 and K // (2 * splits) >= 4 * per:
+    while more(splits):
         splits *= 2
-    return {"rows": rows, "block_n": block_n, "splits": splits, "num_warps": 4, "num_stages": 3}
+    return {"rows": rows, "block_n": block_n, "splits": splits, "num_warps": 4 if bits == 4 else 8, "num_stages": 1}
 
 
 def _gemv(x, w, bits: int, given: dict) -> torch.Tensor:
