@@ -65,7 +65,7 @@ def main() -> int:
         times = {f: [] for f in FORMATS}
         for r in range(3):
             for f in (FORMATS if r % 2 == 0 else FORMATS[::-1]):
-                t = timing.bench([lambda s=steps[f]: s(*a)], device="cuda", reps=5, warmup=2, target_ms=20.0)
+                t = timing.bench([lambda s=steps[f], a=a: s(*a)], device="cuda", reps=5, warmup=2, target_ms=20.0)
                 times[f].append(t.gpu_us.median)
         base = decode_step.step_bytes(cfg, B, L)
         for f in FORMATS:
@@ -74,7 +74,7 @@ def main() -> int:
             us = statistics.median(times[f])
             row = {"format": f, "B": B, "L": L, "gpu_us": us, "rounds_us": times[f], "bytes": nbytes,
                    "floor_us": nbytes / read_bw * 1e6, "over_floor": us / (nbytes / read_bw * 1e6),
-                   "kernels_us": kinds(trace.kernel_times(lambda s=steps[f]: s(*a), "cuda"))}
+                   "kernels_us": kinds(trace.kernel_times(lambda s=steps[f], a=a: s(*a), "cuda"))}
             rows.append(row)
             print(f"B={B:3d} L={L} {f}: GPU {us:8.1f} us, floor {row['floor_us']:8.1f} us, x{row['over_floor']:.2f} "
                   f"of it, over bf16 {statistics.median(times['bf16']) / us:.2f}; "
