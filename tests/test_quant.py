@@ -134,7 +134,7 @@ def test_w8_gemv_matches_float64(dtype, M, K, N, splits, rows):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("M,K,N,group,splits,rows", [(1, 256, 200, 128, 1, 32), (2, 512, 64, 32, 2, 16),
-                                                     (4, 256, 96, 64, 1, 8), (1, 512, 72, 256, 4, 32)])
+                                                     (4, 256, 96, 64, 1, 8), (1, 512, 72, 256, 2, 32)])
 def test_w4_gemv_matches_float64(dtype, M, K, N, group, splits, rows):
     g = torch.Generator().manual_seed(M * 13 + group)
     x, w = torch.randn(M, K, generator=g).to(dtype), torch.randn(K, N, generator=g) * 0.02
@@ -143,7 +143,8 @@ def test_w4_gemv_matches_float64(dtype, M, K, N, group, splits, rows):
     y = qg.w4_gemv(x, qw, splits=splits, rows=rows)
     ref = x.double() @ qw.dequantize(torch.float64)
     assert y.dtype == dtype and y.shape == (M, N)
-    assert _rel_err(y, ref) < (1e-6 if dtype == torch.float32 else 2e-3)
+    # float32: the offset (8 times the sum of x) rides through a group's sum before it is taken off
+    assert _rel_err(y, ref) < (4e-6 if dtype == torch.float32 else 2e-3)
 
 
 def test_gemv_every_int4_value_by_hand():
@@ -173,7 +174,7 @@ def test_gemv_refuses_bad_launches():
     qw = quant.quantize_int4(torch.randn(128, 8), 32)
     with pytest.raises(ValueError, match="dividing the group"):
         qg.w4_gemv(torch.randn(1, 128), qw, rows=32)  # 64 rows of w per tile, groups of 32
-    with pytest.raises(ValueError, match="whole tiles"):
+    with pytest.raises(ValueError, match="slices of whole tiles"):
         qg.w8_gemv(torch.randn(1, 100), quant.quantize_int8(torch.randn(100, 8)), splits=2, rows=32)
     with pytest.raises(TypeError, match="Int4Weight"):
         qg.w4_gemv(torch.randn(1, 128), quant.quantize_int8(torch.randn(128, 8)))

@@ -1,6 +1,8 @@
 """Sweep the quantized GEMVs' launch parameters at decode's rows on a GPU; prints the best per shape.
 
-    python tools/tuning/quant_gemv_sweep.py [--out rows.json] [--rows 1,4] [--formats int8,int4]
+    python tools/tuning/quant_gemv_sweep.py [--out rows.json] [--rows 1,4] [--formats int8,int4] [--grid JSON]
+
+``--grid`` replaces some of the launch grid's lists, e.g. '{"rows": [4, 8], "num_warps": [2, 4]}'.
 
 For Llama-3-8B's four layer products and each row count: every launch of a grid of tiles (rows of bytes,
 columns), splits of K and warps for ``w8_gemv`` (int8) and ``w4_gemv`` (int4, groups of 128), checked
@@ -16,6 +18,7 @@ rate, and the speedup over bf16.
 from __future__ import annotations
 
 import itertools
+import json
 import sys
 from pathlib import Path
 
@@ -51,7 +54,8 @@ def torch_int4(w: torch.Tensor, x: torch.Tensor):
 
 
 def main() -> int:
-    args, read_bw, l2, gen = records.gpu_sweep("1,4", (("--formats", "int8,int4"),))
+    args, read_bw, l2, gen = records.gpu_sweep("1,4", (("--formats", "int8,int4"), ("--grid", "")))
+    grid = {**GRID, **json.loads(args.grid)} if args.grid else GRID
     rows = []
     for name, (K, N) in SHAPES.items():
         copies = timing.rotation(K * N * 2, l2)
@@ -83,10 +87,10 @@ def main() -> int:
                 mm_us = time_of([lambda q=q, x=x, mm=mm: mm(x, q) for q in qws])
                 ref = x.float() @ qws[0].dequantize(torch.float32)
                 best = None
-                for vals in itertools.product(*GRID.values()):
-                    kw = dict(zip(GRID, vals))
+                for vals in itertools.product(*grid.values()):
+                    kw = dict(zip(grid, vals))
                     per = 2 * kw["rows"] if fmt == "int4" else kw["rows"]
-                    if K % (kw["splits"] * per) or (fmt == "int4" and per > 128):
+                    if K % (kw["splits"] * (128 if fmt == "int4" else per)) or (fmt == "int4" and per > 128):
                         continue
                     try:
                         y = fn(x, qws[0], **kw)
@@ -109,7 +113,7 @@ def main() -> int:
                 print(f"{name:8s} M={M} {fmt}: bf16 {base:6.1f} us, torch int4 {t4:6.1f}, read floor {floor:5.1f}, "
                       f"bf16 same bytes {same_bytes:5.1f}, "
                       f"tensor-core default {mm_us:6.1f}; best GEMV {best['gpu_us']:6.1f} us x{best['speedup']:.2f} "
-                      f"({best['of_read_rate']:.2f} of read) {({k: best[k] for k in GRID})}", flush=True)
+                      f"({best['of_read_rate']:.2f} of read) {({k: best[k] for k in grid})}", flush=True)
                 records.write(args.out, rows, tool=__file__)
                 del qws
         del ws
