@@ -143,8 +143,7 @@ def test_w4_gemv_matches_float64(dtype, M, K, N, group, splits, rows):
     y = qg.w4_gemv(x, qw, splits=splits, rows=rows)
     ref = x.double() @ qw.dequantize(torch.float64)
     assert y.dtype == dtype and y.shape == (M, N)
-    # float32: the offset (8 times the sum of x) rides through a group's sum before it is taken off
-    assert _rel_err(y, ref) < (4e-6 if dtype == torch.float32 else 2e-3)
+    assert _rel_err(y, ref) < (1e-6 if dtype == torch.float32 else 2e-3)
 
 
 def test_gemv_every_int4_value_by_hand():
@@ -174,7 +173,7 @@ def test_gemv_refuses_bad_launches():
     qw = quant.quantize_int4(torch.randn(128, 8), 32)
     with pytest.raises(ValueError, match="dividing the group"):
         qg.w4_gemv(torch.randn(1, 128), qw, rows=32)  # 64 rows of w per tile, groups of 32
-    with pytest.raises(ValueError, match="slices of whole tiles"):
+    with pytest.raises(ValueError, match="whole tiles"):
         qg.w8_gemv(torch.randn(1, 100), quant.quantize_int8(torch.randn(100, 8)), splits=2, rows=32)
     with pytest.raises(TypeError, match="Int4Weight"):
         qg.w4_gemv(torch.randn(1, 128), quant.quantize_int8(torch.randn(128, 8)))

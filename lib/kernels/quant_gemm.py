@@ -198,59 +198,58 @@ def _denormal(w, MASK: tl.constexpr):
 
 
 @triton.jit
+def _w4_pair(lo, hi, xe, xo, c, s, acc):
+    """acc + s * (lo xe + hi xo - c), as three fused multiply-adds."""
+    t = lo * xe - c
+    t = hi * xo + t
+    return t * s + acc
+
+
+@triton.jit
 def _w4_gemv_kernel(X, Q, S, P, N4, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_ps, stride_pm,
                     BLOCK_W: tl.constexpr, ROWS: tl.constexpr, GROUP: tl.constexpr):
-    """Row program_id(2) of x times 4 * BLOCK_W columns of w over slice program_id(1) of K (whole groups).
-    Q is the packed bytes read as 32-bit words [K / 2, N / 4]: word c of byte row i holds columns 4c..4c + 3
-    of rows 2i (low nibbles) and 2i + 1 (high). Each thread owns whole words and walks down the rows, ROWS
-    byte rows per step, x's two values of a byte row the same for every thread.
+    """Row program_id(2) of x times 4 * BLOCK_W columns of w over slice program_id(1) of K. Q is the packed
+    bytes read as 32-bit words [K / 2, N / 4]: word c of byte row i holds columns 4c..4c + 3 of rows 2i
+    (low nibbles) and 2i + 1 (high); a tile of ROWS byte rows lies in one group.
 
     A nibble with its sign bit flipped is u = q + 8 (the word's eight sign bits flip in one XOR). Masked in
     place at bit b of the word, as a float, it is the denormal u 2^(b - 149); x multiplied beforehand by
-    2^(149 - b - 64) makes the product u x 2^-64. Bytes 2 and 3 are shifted down to bytes 0 and 1 (bit 23
-    is a float's exponent). Over a group the products are summed, less 8 x 2^-64 per row for the offset,
-    and the sum multiplied by the group's scale; the total is scaled by 2^64 at the end (x may reach 2^42
-    in magnitude before x 2^85 overflows)."""
+    2^(149 - b - 64) makes the product u x 2^-64, and 8 x 2^-64 less is q x 2^-64; the sums are scaled by
+    2^64 at the end (x may reach 2^42 in magnitude before x 2^85 overflows). Bytes 2 and 3 are shifted
+    down to bytes 0 and 1 (bit 23 is a float's exponent)."""
     m = tl.program_id(2)
     rw = tl.program_id(0) * BLOCK_W + tl.arange(0, BLOCK_W)
     wmask = rw < N4
     k_lo = tl.program_id(1) * K_SPLIT
     xrow = X + m * stride_xm
-    acc0 = tl.zeros((BLOCK_W,), dtype=tl.float32)
-    acc1 = tl.zeros((BLOCK_W,), dtype=tl.float32)
-    acc2 = tl.zeros((BLOCK_W,), dtype=tl.float32)
-    acc3 = tl.zeros((BLOCK_W,), dtype=tl.float32)
-    for g in range(k_lo, k_lo + K_SPLIT, GROUP):
-        t0 = tl.zeros((BLOCK_W,), dtype=tl.float32)
-        t1 = tl.zeros((BLOCK_W,), dtype=tl.float32)
-        t2 = tl.zeros((BLOCK_W,), dtype=tl.float32)
-        t3 = tl.zeros((BLOCK_W,), dtype=tl.float32)
-        xsum = 0.0
-        for r in range(g // 2, (g + GROUP) // 2, ROWS):
-            for i in tl.static_range(ROWS):
-                w = tl.load(Q + (r + i) * stride_qk + rw, mask=wmask, other=0) ^ -0x77777778
-                w2 = w.to(tl.uint32, bitcast=True) >> 16
-                xe = tl.load(xrow + 2 * (r + i)).to(tl.float32)
-                xo = tl.load(xrow + 2 * (r + i) + 1).to(tl.float32)
-                xsum += xe + xo
-                xe0, xo0 = xe * 3.8685626227668134e+25, xo * 2.4178516392292583e+24  # 2^85, 2^81 (bits 0, 4)
-                xe1, xo1 = xe * 1.5111572745182865e+23, xo * 9.44473296573929e+21  # 2^77, 2^73 (bits 8, 12)
-                t0 = _denormal(w, 0xF0) * xo0 + (_denormal(w, 0xF) * xe0 + t0)  # two fused multiply-adds each
-                t1 = _denormal(w, 0xF000) * xo1 + (_denormal(w, 0xF00) * xe1 + t1)
-                t2 = _denormal(w2, 0xF0) * xo0 + (_denormal(w2, 0xF) * xe0 + t2)
-                t3 = _denormal(w2, 0xF000) * xo1 + (_denormal(w2, 0xF00) * xe1 + t3)
-        c = xsum * 4.336808689942018e-19  # 8 * 2^-64 per row: the offset of u = q + 8
-        srow = S + (g // GROUP) * stride_sg + 4 * rw
-        acc0 += (t0 - c) * tl.load(srow, mask=wmask, other=0.0)
-        acc1 += (t1 - c) * tl.load(srow + 1, mask=wmask, other=0.0)
-        acc2 += (t2 - c) * tl.load(srow + 2, mask=wmask, other=0.0)
-        acc3 += (t3 - c) * tl.load(srow + 3, mask=wmask, other=0.0)
+    acc0 = tl.zeros((ROWS, BLOCK_W), dtype=tl.float32)
+    acc1 = tl.zeros((ROWS, BLOCK_W), dtype=tl.float32)
+    acc2 = tl.zeros((ROWS, BLOCK_W), dtype=tl.float32)
+    acc3 = tl.zeros((ROWS, BLOCK_W), dtype=tl.float32)
+    for k in range(k_lo, k_lo + K_SPLIT, 2 * ROWS):
+        rb = k // 2 + tl.arange(0, ROWS)
+        w = tl.load(Q + rb[:, None] * stride_qk + rw[None, :], mask=wmask[None, :], other=0) ^ -0x77777778
+        w2 = w >> 16
+        xe = tl.load(xrow + k + 2 * tl.arange(0, ROWS)[:, None]).to(tl.float32)
+        xo = tl.load(xrow + k + 1 + 2 * tl.arange(0, ROWS)[:, None]).to(tl.float32)
+        c = (xe + xo) * 4.336808689942018e-19  # 8 * 2^-64
+        xe0, xo0 = xe * 3.8685626227668134e+25, xo * 2.4178516392292583e+24  # 2^85, 2^81 (bits 0 and 4)
+        xe1, xo1 = xe * 1.5111572745182865e+23, xo * 9.44473296573929e+21  # 2^77, 2^73 (bits 8 and 12)
+        srow = S + (k // GROUP) * stride_sg + 4 * rw[None, :]
+        acc0 = _w4_pair(_denormal(w, 0xF), _denormal(w, 0xF0), xe0, xo0, c,
+                        tl.load(srow, mask=wmask[None, :], other=0.0), acc0)
+        acc1 = _w4_pair(_denormal(w, 0xF00), _denormal(w, 0xF000), xe1, xo1, c,
+                        tl.load(srow + 1, mask=wmask[None, :], other=0.0), acc1)
+        acc2 = _w4_pair(_denormal(w2, 0xF), _denormal(w2, 0xF0), xe0, xo0, c,
+                        tl.load(srow + 2, mask=wmask[None, :], other=0.0), acc2)
+        acc3 = _w4_pair(_denormal(w2, 0xF00), _denormal(w2, 0xF000), xe1, xo1, c,
+                        tl.load(srow + 3, mask=wmask[None, :], other=0.0), acc3)
     out = P + tl.program_id(1) * stride_ps + m * stride_pm + 4 * rw
     ty = P.dtype.element_ty
-    tl.store(out, (acc0 * 18446744073709551616.0).to(ty), mask=wmask)  # 2^64
-    tl.store(out + 1, (acc1 * 18446744073709551616.0).to(ty), mask=wmask)
-    tl.store(out + 2, (acc2 * 18446744073709551616.0).to(ty), mask=wmask)
-    tl.store(out + 3, (acc3 * 18446744073709551616.0).to(ty), mask=wmask)
+    tl.store(out, (tl.sum(acc0, axis=0) * 18446744073709551616.0).to(ty), mask=wmask)  # 2^64
+    tl.store(out + 1, (tl.sum(acc1, axis=0) * 18446744073709551616.0).to(ty), mask=wmask)
+    tl.store(out + 2, (tl.sum(acc2, axis=0) * 18446744073709551616.0).to(ty), mask=wmask)
+    tl.store(out + 3, (tl.sum(acc3, axis=0) * 18446744073709551616.0).to(ty), mask=wmask)
 
 
 @triton.jit
@@ -399,16 +398,21 @@ def w4_mm(x: torch.Tensor, w: Int4Weight, *, splits: int | None = None, block_k:
 
 
 def choose_gemv_config(M: int, N: int, K: int, sms: int, *, bits: int, group: int = 128) -> dict:
-    """int4: 8 byte rows per step (at most half a group), 512 columns (a word a thread), 4 warps, and the
-    fewest splits of K (powers of two, whole groups) that launch 1.5 programs per SM. int8: tiles of 128
-    rows, 128 columns, 8 warps, the fewest splits that launch 1.5 programs per SM in slices of at least two
-    tiles."""
-    rows = min(8, group // 2) if bits == 4 else 128
-    block_n = 512 if bits == 4 else 128
-    unit = group if bits == 4 else 2 * rows  # the least slice of K
+    """int4: tiles of 64 rows of bytes (at most half a group), 128 columns, 4 warps, and the fewest splits
+    of K (powers of two) that launch 1.5 programs per SM in slices of at most 1,024 rows of w. int8: tiles
+    of 128 rows, 128 columns, 8 warps, the fewest splits that launch 1.5 programs per SM in slices of at
+    least two tiles."""
+    rows = min(64, group // 2) if bits == 4 else 128
+    per = 2 * rows if bits == 4 else rows  # rows of w per tile
+    block_n = 128
     programs = triton.cdiv(N, block_n) * M
+
+    def more(splits: int) -> bool:
+        short = programs * splits < 1.5 * sms or (bits == 4 and K // splits > 1024)
+        return short and K % (2 * splits * per) == 0 and K // (2 * splits) >= (per if bits == 4 else 2 * per)
+
     splits = 1
-    while programs * splits < 1.5 * sms and K % (2 * splits * unit) == 0:
+    while more(splits):
         splits *= 2
     return {"rows": rows, "block_n": block_n, "splits": splits, "num_warps": 4 if bits == 4 else 8, "num_stages": 1}
 
@@ -419,17 +423,16 @@ def _gemv(x, w, bits: int, given: dict) -> torch.Tensor:
     cfg = choose_gemv_config(M, N, K, launch.sm_count(x.device), bits=bits, group=group)
     cfg.update({k: v for k, v in given.items() if v is not None})
     rows, splits, block_n = cfg["rows"], cfg["splits"], cfg["block_n"]
-    if rows < 1 or rows & (rows - 1) or (bits == 4 and group % (2 * rows)):
+    per = 2 * rows if bits == 4 else rows
+    if rows < 1 or rows & (rows - 1) or (bits == 4 and group % per):
         raise ValueError(f"rows={rows} must be a power of two" + (f" with 2 * rows dividing the group of {group}"
                                                                     if bits == 4 else ""))
     if bits == 4 and (block_n % 4 or N % 4):
         raise ValueError(f"int4 columns are read four to a word: block_n={block_n} and N={N} must be multiples of 4")
-    unit = group if bits == 4 else rows  # a slice of K is whole groups (int4) or whole tiles (int8)
     if splits == 1:
-        k_split = triton.cdiv(K, unit) * unit
-    elif splits < 1 or K % (splits * unit):
-        raise ValueError(f"splits={splits} must cut K={K} into slices of whole "
-                         + (f"groups of {group} rows" if bits == 4 else f"tiles of {rows} rows"))
+        k_split = triton.cdiv(K, per) * per
+    elif splits < 1 or K % (splits * per):
+        raise ValueError(f"splits={splits} must cut K={K} into slices that are whole tiles of {per} rows")
     else:
         k_split = K // splits
     out = torch.empty(M, N, device=x.device, dtype=x.dtype)
