@@ -43,3 +43,15 @@ def test_serving_engine_stores_floats_to_a_tenth_of_a_microsecond_and_nan_as_non
     assert f(float("nan")) is None
     assert f(0.032338243999987526) == 0.0323382 and f(12.34567891) == 12.3456789
     assert f(7) == 7 and f(True) is True and f(None) is None and f("chat") == "chat"
+
+
+def test_ratio_table_keeps_the_measurement_and_the_ratios_under_short_names():
+    import pandas as pd
+
+    from lib.experiments import engine_analysis as ea
+
+    frame = pd.DataFrame({"measured (ms)": [10.0], "calibrated (ms)": [9.0], "calibrated / measured": [0.9],
+                          "service fit (ms)": [11.0], "service fit / measured": [1.1]})
+    out = ea.ratio_table(frame)
+    assert list(out.columns) == ["measured (ms)", "calibrated", "service fit"]
+    assert out.iloc[0].tolist() == [10.0, 0.9, 1.1]

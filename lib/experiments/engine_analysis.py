@@ -289,5 +289,13 @@ def worst_err(frame: pd.DataFrame, column: str, metric: str) -> float:
     return float((frame.xs(metric, level="metric")[column] - 1).abs().max())
 
 
+def ratio_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """``sim_vs_engine``'s frame as printed on the page: the measurement (ms) and each simulation's ratio to it
+    (calibrated, service fit, detailed fit where there is one)."""
+    cols = {"measured (ms)": "measured (ms)", "calibrated / measured": "calibrated", "service fit / measured":
+            "service fit", "detailed fit / measured": "detailed fit"}
+    return frame[[c for c in cols if c in frame.columns]].rename(columns=cols)
+
+
 def median_abs_err(frame: pd.DataFrame, column: str = "service fit / measured") -> float:
     return statistics.median(abs(v - 1) for v in frame[column])
