@@ -1,6 +1,8 @@
 """Sweep the quantized GEMMs' launch parameters at decode's rows on a GPU; prints the best per shape.
 
-    python tools/tuning/quant_sweep.py [--out rows.json] [--rows 1,16] [--formats int8,int4]
+    python tools/tuning/quant_sweep.py [--out rows.json] [--rows 1,16] [--formats int8,int4] [--grid JSON]
+
+``--grid`` replaces some of the launch grid's lists, e.g. '{"swap": [true]}'.
 
 For Llama-3-8B's four layer products and each row count: every launch of a grid of tiles (block_n,
 block_k), splits of K, warps and the operand order (``swap``) for ``w8_mm`` (int8) and ``w4_mm`` (int4,
@@ -13,6 +15,7 @@ rate, and the speedup over bf16.
 from __future__ import annotations
 
 import itertools
+import json
 import sys
 from pathlib import Path
 
@@ -32,7 +35,8 @@ GRID = {"block_n": (64, 128, 256), "block_k": (64, 128), "splits": (1, 2, 4, 8, 
 
 
 def main() -> int:
-    args, read_bw, l2, gen = records.gpu_sweep("1,16", (("--formats", "int8,int4"),))
+    args, read_bw, l2, gen = records.gpu_sweep("1,16", (("--formats", "int8,int4"), ("--grid", "")))
+    grid = {**GRID, **json.loads(args.grid)} if args.grid else GRID
     rows = []
     for name, (K, N) in SHAPES.items():
         copies = timing.rotation(K * N * 2, l2)
@@ -50,8 +54,8 @@ def main() -> int:
                 nbytes = K * N + 4 * N if fmt == "int8" else K * N // 2 + 4 * (K // 128) * N
                 ref = x.float() @ qws[0].dequantize(torch.float32)
                 best = None
-                for vals in itertools.product(*GRID.values()):
-                    kw = dict(zip(GRID, vals))
+                for vals in itertools.product(*grid.values()):
+                    kw = dict(zip(grid, vals))
                     if K % (kw["splits"] * kw["block_k"]):
                         continue
                     try:
@@ -69,7 +73,7 @@ def main() -> int:
                     if best is None or us < best["gpu_us"]:
                         best = row
                 print(f"{name:8s} M={M:3d} {fmt}: bf16 {base:6.1f} us; best {best['gpu_us']:6.1f} us x{best['speedup']:.2f} "
-                      f"({best['of_read_rate']:.2f} of read) {({k: best[k] for k in GRID})}", flush=True)
+                      f"({best['of_read_rate']:.2f} of read) {({k: best[k] for k in grid})}", flush=True)
                 records.write(args.out, rows, tool=__file__)
                 del qws
         del ws
