@@ -70,3 +70,31 @@ def test_a_vendor_path_that_fails_is_recorded_and_not_timed_but_a_book_path_that
     monkeypatch.setattr(qx, "formats", wrong)
     with pytest.raises(AssertionError, match="computes something else"):
         qx.measure(p, "cpu")
+
+
+def test_the_decode_step_is_checked_and_timed_with_each_format(smoke):
+    p, d = smoke
+    g = p["step"]["group"]
+    rows = {(r["format"], r["B"]): r for r in d["step"]}
+    assert set(rows) == {(f, B) for f in ("bf16", "int8", f"int4 g{g}") for B, _ in p["step"]["shapes"]}
+    for (f, _), r in rows.items():
+        assert r["call_us"] > 0 and (r["check"] is None) == (f == "bf16")
+        if r["check"]:
+            assert r["check"]["max_rel"] <= 2e-5 and r["check"]["argmax_agree"] == 1.0
+    # the layer weights' bytes: int4 (half a byte and a scale per group) < int8 < float32 (the smoke's dtype)
+    lw = {f: rows[f, 1]["bytes"]["layer weights"] for f in ("bf16", "int8", f"int4 g{g}")}
+    assert lw[f"int4 g{g}"] < lw["int8"] < lw["bf16"] / 3
+
+
+def test_a_wrong_quantized_step_is_not_timed(monkeypatch):
+    from lib import llama_quant
+
+    p = {**qx.sweep("smoke"), "shapes": {"a": [64, 32]}, "rows": [1], "groups": [32]}
+    real = llama_quant.QuantStep._final_hidden
+
+    def off(self, *a):
+        return real(self, *a) * 1.01  # one percent off: more than the float32 tolerance
+
+    monkeypatch.setattr(llama_quant.QuantStep, "_final_hidden", off)
+    with pytest.raises(AssertionError, match="not timed"):
+        qx.measure_step(p, "cpu")

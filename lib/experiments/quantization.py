@@ -17,6 +17,12 @@ G of ``params["groups"]`` (``w4_mm``); on a GPU also torch's weight-only paths, 
 and "fp8" (``torch._scaled_mm``, cuBLASLt, e4m3 weights and activations with one scale each; the call
 quantizes x as a W8A8 layer must, and pads its rows to 16).
 
+``measure_step(params, device)`` runs chapter 7's decode step with each weight format (``params["step"]``:
+Llama-3-8B on a GPU; ``lib.llama_quant.QuantStep`` in int8 and int4 beside the bf16 ``FusedStep``): each
+quantized step checked against the fused step of the model with the weights it effectively uses, then
+timed in interleaved rounds, with the bytes it must read (its floor at chapter 0's read rate) and, on a
+GPU, its kernels' time by kind.
+
 ``errors(params, device)`` is the error study: for Gaussian weights, weights with outlier input channels
 (1% of the rows of w 20 times larger) and heavy-tailed weights (Student's t with 3 degrees of freedom), the
 relative error of each format's product against the product with the unquantized bf16 weights, in float64,
@@ -36,7 +42,7 @@ from lib.bench import timing
 from lib.experiments import require
 from lib.kernels import quant_gemm
 
-PARAMS = ("shapes", "rows", "groups", "dtype", "reps", "target_ms", "rounds", "seed", "tolerance")
+PARAMS = ("shapes", "rows", "groups", "dtype", "reps", "target_ms", "rounds", "seed", "tolerance", "step")
 SHAPES_8B = {"qkv": [4096, 6144], "o": [4096, 4096], "gate_up": [4096, 28672], "down": [14336, 4096]}
 WEIGHT_KINDS = ("gaussian", "outlier channels", "heavy tails")
 
@@ -47,10 +53,13 @@ def sweep(size: str) -> dict:
     if size == "full":
         return {"shapes": SHAPES_8B, "rows": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096],
                 "groups": [32, 64, 128, 256], "dtype": "bfloat16", "reps": 5, "target_ms": 1.0, "rounds": 3,
-                "seed": 0, "tolerance": 2e-2}
+                "seed": 0, "tolerance": 2e-2,
+                "step": {"config": "8b", "shapes": [[1, 1024], [16, 1024]], "group": 128, "block": 16,
+                         "target_ms": 20.0}}
     if size == "smoke":
         return {"shapes": {"a": [256, 96], "b": [512, 64]}, "rows": [1, 5], "groups": [32, 128], "dtype": "float32",
-                "reps": 1, "target_ms": 0.2, "rounds": 1, "seed": 0, "tolerance": 1e-4}
+                "reps": 1, "target_ms": 0.2, "rounds": 1, "seed": 0, "tolerance": 1e-4,
+                "step": {"config": "tiny", "shapes": [[1, 12], [2, 12]], "group": 32, "block": 4, "target_ms": 0.2}}
     raise ValueError(f"size must be 'full' or 'smoke', got {size!r}")
 
 
@@ -190,7 +199,7 @@ def measure(params: dict, device: str) -> dict:
                              "gpu_us": statistics.median(gpu) if gpu else None,
                              "call_us": statistics.median(c for _, c, _ in ts), "method": ts[0][2]})
         del ws, prepared
-    return {"rows": rows, "checks": checks, "errors": errors(params, device)}
+    return {"rows": rows, "checks": checks, "errors": errors(params, device), "step": measure_step(params, device)}
 
 
 def errors(params: dict, device: str) -> list[dict]:
@@ -212,3 +221,67 @@ def errors(params: dict, device: str) -> list[dict]:
                 err = float((x.double() @ deq.double() - ref).norm() / ref.norm())
                 out.append({"shape": name, "weights": kind, "format": fmt, "rel_err": err})
     return out
+
+
+def _kernel_kinds(kernels) -> dict | None:
+    """Kernel time (us) by kind, from one profiled call: the quantized products, other matrix products,
+    attention, the rest (None where the profiler sees no GPU)."""
+    if kernels is None:
+        return None
+    out = {}
+    for k in kernels:
+        n = k["name"]
+        kind = ("quantized product" if "_w4_" in n or "_w8_" in n else
+                "bf16 product" if "gemm" in n.lower() or "skinny" in n or "nvjet" in n or "cutlass" in n else
+                "attention" if "attention" in n or "decode" in n else "other")
+        out[kind] = out.get(kind, 0.0) + k["us"]
+    return out
+
+
+def measure_step(params: dict, device: str) -> list[dict]:
+    """The decode step with each weight format at each (B, L) of ``params["step"]["shapes"]`` (see the
+    module): one row per (format, B, L)."""
+    from lib import llama, llama_quant, model
+    from lib.bench import trace
+    from lib.experiments import decode_step
+
+    sp, dtype = params["step"], params["dtype"]
+    cfg = llama.CONFIGS[sp["config"]]
+    gen = torch.Generator(device=device).manual_seed(params["seed"])
+    m = llama.random_model(cfg, seed=params["seed"], dtype=getattr(torch, dtype), device=device)
+    g = sp["group"]
+    steps = {"bf16": llama.FusedStep(m), "int8": llama_quant.QuantStep(m, "int8"),
+             f"int4 g{g}": llama_quant.QuantStep(m, "int4", g)}
+    tol = model.LOGITS_TOLERANCE[dtype, device]
+    out = []
+    for B, L in sp["shapes"]:
+        pool, table = decode_step._pool(m, B, L + 1, sp["block"], gen)
+        lens = torch.full((B,), L, dtype=torch.int32, device=device)
+        tokens = torch.randint(0, cfg.vocab, (B,), generator=gen, device=device)
+        args = (tokens, pool, table, lens)
+        checks = {}
+        for name, fmt in (("int8", "int8"), (f"int4 g{g}", "int4")):
+            ref = llama.FusedStep(llama_quant.dequantized(m, fmt, g))(*args).float()
+            got = steps[name](*args).float()
+            err = float((got - ref).abs().max() / ref.abs().max())
+            if not err <= tol:
+                raise AssertionError(f"the {name} step at B={B}, L={L}: logits differ from the dequantized model's by "
+                                     f"{err:.3g} of the largest (at most {tol}): a wrong step is not timed")
+            checks[name] = {"max_rel": err, "argmax_agree": float((got.argmax(-1) == ref.argmax(-1)).float().mean())}
+            del ref
+        rounds = decode_step._interleaved(steps, args, {"rounds": params["rounds"], "reps": params["reps"],
+                                                         "target_ms": sp["target_ms"]}, device)
+        base = decode_step.step_bytes(cfg, B, L, b=getattr(torch, dtype).itemsize)
+        for name, step in steps.items():
+            layer = base["layer weights"] if name == "bf16" else step.bytes_per_step()
+            gpu = [r["gpu_us"]["median"] for r in rounds[name] if r["gpu_us"]["median"] == r["gpu_us"]["median"]]
+            out.append({"format": name, "B": B, "L": L, "check": checks.get(name),
+                        "gpu_us": statistics.median(gpu) if gpu else None,
+                        "call_us": statistics.median(r["call_us"]["median"] for r in rounds[name]),
+                        "bytes": {**base, "layer weights": layer},
+                        "kernels_us": _kernel_kinds(trace.kernel_times(lambda s=step, a=args: s(*a), device))})
+        del pool, table
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
