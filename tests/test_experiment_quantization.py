@@ -98,3 +98,10 @@ def test_a_wrong_quantized_step_is_not_timed(monkeypatch):
     monkeypatch.setattr(llama_quant.QuantStep, "_final_hidden", off)
     with pytest.raises(AssertionError, match="not timed"):
         qx.measure_step(p, "cpu")
+
+
+def test_kernel_time_by_kind():
+    ks = [{"name": "_w4_gemv_kernel", "us": 3.0}, {"name": "_w8_kernel", "us": 2.0}, {"name": "_sum_splits_kernel", "us": 1.0},
+          {"name": "nvjet_sm90_head", "us": 4.0}, {"name": "_decode_kernel", "us": 5.0}, {"name": "_rmsnorm_kernel", "us": 0.5}]
+    assert qx._kernel_kinds(ks) == {"quantized products": 5.0, "other matrix kernels": 5.0, "attention": 5.0, "other": 0.5}
+    assert qx._kernel_kinds(None) is None

@@ -38,7 +38,7 @@ import statistics
 import torch
 
 from lib import quant
-from lib.bench import timing
+from lib.bench import kernel_kinds, timing
 from lib.experiments import require
 from lib.kernels import quant_gemm
 
@@ -224,16 +224,16 @@ def errors(params: dict, device: str) -> list[dict]:
 
 
 def _kernel_kinds(kernels) -> dict | None:
-    """Kernel time (us) by kind, from one profiled call: the quantized products, other matrix products,
-    attention, the rest (None where the profiler sees no GPU)."""
+    """Kernel time (us) by kind, from one profiled call: the quantized products (the book's ``_w4_``/``_w8_``
+    kernels), the other matrix kernels (bf16 products, sums of split-K partials; ``lib.bench.kernel_kinds``),
+    attention, the rest. None where the profiler sees no GPU."""
     if kernels is None:
         return None
+    names = {"gemm": "other matrix kernels", "attention": "attention", "other": "other"}
     out = {}
     for k in kernels:
         n = k["name"]
-        kind = ("quantized product" if "_w4_" in n or "_w8_" in n else
-                "bf16 product" if "gemm" in n.lower() or "skinny" in n or "nvjet" in n or "cutlass" in n else
-                "attention" if "attention" in n or "decode" in n else "other")
+        kind = "quantized products" if n.startswith(("_w4_", "_w8_")) else names[kernel_kinds.kind(n)]
         out[kind] = out.get(kind, 0.0) + k["us"]
     return out
 
