@@ -24,21 +24,9 @@ import torch  # noqa: E402
 
 from lib import llama, llama_quant  # noqa: E402
 from lib.bench import timing, trace  # noqa: E402
-from lib.experiments import decode_step  # noqa: E402
+from lib.experiments import decode_step, quantization  # noqa: E402
 
 FORMATS = ("bf16", "int4", "int8")
-
-
-def kinds(kernels) -> dict:
-    """Kernel time (us) by kind: the quantized products, bf16 GEMMs, attention, the rest."""
-    out = {}
-    for k in kernels or []:
-        n = k["name"]
-        kind = ("quantized product" if "gemv" in n or "_w4_" in n or "_w8_" in n else
-                "bf16 product" if "gemm" in n.lower() or "skinny" in n or "nvjet" in n or "cutlass" in n else
-                "attention" if "attention" in n or "decode" in n else "other")
-        out[kind] = out.get(kind, 0.0) + k["us"]
-    return out
 
 
 def main() -> int:
@@ -74,7 +62,7 @@ def main() -> int:
             us = statistics.median(times[f])
             row = {"format": f, "B": B, "L": L, "gpu_us": us, "rounds_us": times[f], "bytes": nbytes,
                    "floor_us": nbytes / read_bw * 1e6, "over_floor": us / (nbytes / read_bw * 1e6),
-                   "kernels_us": kinds(trace.kernel_times(lambda s=steps[f], a=a: s(*a), "cuda"))}
+                   "kernels_us": quantization._kernel_kinds(trace.kernel_times(lambda s=steps[f], a=a: s(*a), "cuda"))}
             rows.append(row)
             print(f"B={B:3d} L={L} {f}: GPU {us:8.1f} us, floor {row['floor_us']:8.1f} us, x{row['over_floor']:.2f} "
                   f"of it, over bf16 {statistics.median(times['bf16']) / us:.2f}; "
