@@ -105,3 +105,46 @@ def test_kernel_time_by_kind():
           {"name": "nvjet_sm90_head", "us": 4.0}, {"name": "_decode_kernel", "us": 5.0}, {"name": "_rmsnorm_kernel", "us": 0.5}]
     assert qx._kernel_kinds(ks) == {"quantized products": 5.0, "other matrix kernels": 5.0, "attention": 5.0, "other": 0.5}
     assert qx._kernel_kinds(None) is None
+
+
+def _rows():
+    # two shapes, bf16 and int4 g128 and fp8 at M = 1, 16, 256: made-up times whose ratios are worked by hand
+    t = {("a", 1): {"bf16": 10.0, "int4 g128": 4.0, "fp8": 6.0}, ("b", 1): {"bf16": 20.0, "int4 g128": 10.0, "fp8": 11.0},
+         ("a", 16): {"bf16": 10.0, "int4 g128": 8.0, "fp8": 6.0}, ("b", 16): {"bf16": 20.0, "int4 g128": 25.0, "fp8": 11.0},
+         ("a", 256): {"bf16": 12.0, "int4 g128": 30.0, "fp8": 7.0}, ("b", 256): {"bf16": 24.0, "int4 g128": 50.0, "fp8": 13.0}}
+    K, N = 4096, 1024
+    nbytes = {"bf16": 2 * K * N, "int4 g128": K * N // 2 + 4 * (K // 128) * N, "fp8": K * N}
+    return [{"shape": s, "K": K, "N": N, "M": m, "format": f, "gpu_us": us, "bytes": nbytes[f]}
+            for (s, m), fs in t.items() for f, us in fs.items()]
+
+
+def test_speedups_and_where_one_format_overtakes_another_by_hand():
+    df = qx.speedups(_rows())
+    assert qx.speedup_min(df, "int4 g128", 1) == 2.0  # 10 / 4 and 20 / 10
+    assert qx.speedup_min(df, "int4 g128", 16) == 0.8  # 20 / 25
+    assert qx.speedup_min(df, "int8", 1) != qx.speedup_min(df, "int8", 1)  # not timed: NaN
+    assert qx.first_rows_faster(df, "fp8", "int4 g128") == 16.0  # at M = 1 shape a's int4 is faster
+    assert qx.first_rows_faster(df, "int4 g128", "fp8") != qx.first_rows_faster(df, "int4 g128", "fp8")  # never from on
+
+
+def test_memory_model_and_its_memory_bound_points_by_hand():
+    df = qx.speedups(_rows())
+    mm = qx.memory_model(df, read_GBps=1000.0)  # a million bytes per microsecond
+    r = mm[(mm["shape"] == "a") & (mm["M"] == 1) & (mm["format"] == "bf16")].iloc[0]
+    assert r["predicted_us"] == 2 * 4096 * 1024 / 1e6 and r["measured / predicted"] == 10.0 / r["predicted_us"]
+    # crossover of bf16 at 1,000 GB/s and 100 TFLOP/s: 2 bytes x 1e14 / (2 x 1e12) = 100 rows; int4 g128 about 26.6
+    mb = qx.memory_bound_points(df, read_GBps=1000.0, mma_TFLOPs=100.0)
+    assert set(zip(mb["format"], mb["M"])) == {("bf16", 1), ("bf16", 16), ("int4 g128", 1), ("int4 g128", 16),
+                                               ("fp8", 1), ("fp8", 16)}
+    assert qx.kind_of("torch int4 g128") == ("int4", 128) and qx.kind_of("torch int8") == ("int8", None)
+    with pytest.raises(ValueError, match="unknown format"):
+        qx.kind_of("int3")
+
+
+def test_step_table_by_hand():
+    b = {"layer weights": 600, "output head": 200, "attention (K/V)": 150, "embedding rows": 50}
+    rows = [{"format": "bf16", "B": 1, "L": 8, "gpu_us": 2.0, "call_us": 5.0, "bytes": b},
+            {"format": "int4 g128", "B": 1, "L": 8, "gpu_us": 1.0, "call_us": 5.0, "bytes": {**b, "layer weights": 100}}]
+    t = qx.step_table(rows, read_GBps=1.0)  # a thousand bytes per microsecond
+    assert t["floor_us"].tolist() == [1.0, 0.5] and t["speedup"].tolist() == [1.0, 2.0]
+    assert t["over floor"].tolist() == [2.0, 2.0]

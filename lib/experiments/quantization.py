@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import statistics
 
+import pandas as pd
 import torch
 
 from lib import quant
@@ -285,3 +286,82 @@ def measure_step(params: dict, device: str) -> list[dict]:
             torch.cuda.empty_cache()
     return out
 
+
+
+# ---------------------------------------------------------------------------- analysis
+
+def speedups(rows: list[dict]) -> pd.DataFrame:
+    """GPU time (us) per (shape, M, format) and its speedup over bf16 at the same (shape, M): bf16's time
+    over the format's. A format without a GPU time (the CPU) gets NaN."""
+    df = pd.DataFrame(rows)
+    df["gpu_us"] = df["gpu_us"].astype(float)
+    base = df[df["format"] == "bf16"].set_index(["shape", "M"])["gpu_us"]
+    df["speedup"] = [base.get((s, m), float("nan")) / t for s, m, t in zip(df["shape"], df["M"], df["gpu_us"])]
+    return df
+
+
+def speedup_min(df, fmt: str, M: int) -> float:
+    """The least speedup of ``fmt`` over bf16 at M rows over the shapes (NaN where it was not timed)."""
+    s = df[(df["format"] == fmt) & (df["M"] == M)]["speedup"]
+    return float(s.min()) if len(s) else float("nan")
+
+
+def first_rows_faster(df, fmt: str, than: str) -> float:
+    """The least row count from which ``fmt`` is faster than ``than`` at every shape and every larger row count
+    measured (NaN if it never is)."""
+    t = df.pivot_table(index="M", columns=["format", "shape"], values="gpu_us")
+    if fmt not in t.columns.get_level_values(0) or than not in t.columns.get_level_values(0):
+        return float("nan")
+    wins = (t[fmt] < t[than]).all(axis=1)
+    rows = list(wins.index)
+    for i, m in enumerate(rows):
+        if wins.iloc[i:].all():
+            return float(m)
+    return float("nan")
+
+
+def memory_model(df, read_GBps: float, *, formats=None) -> pd.DataFrame:
+    """Each timed point against the memory bound: its bytes (weights and scales) over ``read_GBps``, the
+    least time it can take while the weights' read sets it; ``measured / predicted``."""
+    out = df[df["gpu_us"].notna()].copy()
+    if formats is not None:
+        out = out[out["format"].isin(formats)]
+    out["predicted_us"] = out["bytes"] / (read_GBps * 1e3)
+    out["measured / predicted"] = out["gpu_us"] / out["predicted_us"]
+    return out
+
+
+def kind_of(fmt: str) -> tuple[str, int | None]:
+    """A format's storage and group: "int4 g128" and "torch int4 g128" -> ("int4", 128), "int8" and "torch
+    int8" -> ("int8", None), "bf16", "fp8" -> themselves."""
+    name = fmt.removeprefix("torch ")
+    if name.startswith("int4 g"):
+        return "int4", int(name.removeprefix("int4 g"))
+    if name in ("bf16", "int8", "fp8"):
+        return name, None
+    raise ValueError(f"unknown format {fmt!r}")
+
+
+def memory_bound_points(df, read_GBps: float, mma_TFLOPs: float):
+    """The points of ``memory_model`` below their format's crossover (``lib.quant.crossover_rows``): where
+    the bytes, not the matrix work, bound the product."""
+    mm = memory_model(df, read_GBps)
+    keep = [M < quant.crossover_rows(*kind_of(f), read_GBps=read_GBps, mma_TFLOPs=mma_TFLOPs, K=K)
+            for f, K, M in zip(mm["format"], mm["K"], mm["M"])]
+    return mm[keep]
+
+
+def step_table(step_rows: list[dict], read_GBps: float) -> pd.DataFrame:
+    """The decode step with each weight format: GPU time, its floor (every byte it must read at ``read_GBps``),
+    GPU time over the floor, and the speedup over the bf16 step at the same (B, L)."""
+    rows = []
+    for r in step_rows:
+        nbytes = sum(r["bytes"].values())
+        rows.append({"format": r["format"], "B": r["B"], "L": r["L"], "gpu_us": r["gpu_us"], "call_us": r["call_us"],
+                     "floor_us": nbytes / (read_GBps * 1e3), "GB read": nbytes / 1e9})
+    df = pd.DataFrame(rows)
+    df["gpu_us"] = df["gpu_us"].astype(float)
+    df["over floor"] = df["gpu_us"] / df["floor_us"]
+    base = df[df["format"] == "bf16"].set_index(["B", "L"])["gpu_us"]
+    df["speedup"] = [base.get((b, n), float("nan")) / t for b, n, t in zip(df["B"], df["L"], df["gpu_us"])]
+    return df
