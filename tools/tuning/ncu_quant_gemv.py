@@ -47,10 +47,10 @@ def run(manifest: Path) -> None:
         x = torch.randn(1, K, device="cuda", generator=gen).to(torch.bfloat16)
         q4, q8 = quant.quantize_int4(w, 128), quant.quantize_int8(w)
         t4 = quantization._torch_int4(w)
-        paths = {"int4 gemv": (lambda: qg.w4_gemv(x, q4), q4.dequantize()),
-                 "int8 gemv": (lambda: qg.w8_gemv(x, q8), q8.dequantize()),
-                 "torch int4": (lambda: quantization._torch_int4_mm(x, t4), t4[3]),
-                 "bf16": (lambda: x @ w, w.float())}
+        paths = {"int4 gemv": (lambda x=x, q=q4: qg.w4_gemv(x, q), q4.dequantize()),
+                 "int8 gemv": (lambda x=x, q=q8: qg.w8_gemv(x, q), q8.dequantize()),
+                 "torch int4": (lambda x=x, t=t4: quantization._torch_int4_mm(x, t), t4[3]),
+                 "bf16": (lambda x=x, w=w: x @ w, w.float())}
         for path, (call, weights) in paths.items():
             ref = x.float() @ weights.float()
             err = float((call().float() - ref).norm() / ref.norm())
@@ -60,7 +60,7 @@ def run(manifest: Path) -> None:
                 call()
                 launches.append({"case": case, "path": path})
         torch.cuda.synchronize()
-        del w, q4, q8, t4
+        del paths
         torch.cuda.empty_cache()
     results.write(manifest, {"provenance": device.provenance("cuda"), "launches": launches})
 
