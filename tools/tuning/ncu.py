@@ -75,3 +75,23 @@ def parse(counters: Path, manifest: Path, out: Path, *, tool: str, expect) -> di
     for key, s in summary.items():
         print(key, {k: round(v, 1) for k, v in s.items() if isinstance(v, float) and "pct" in k})
     return summary
+
+
+def cli(run, *, tool: str, expect) -> None:
+    """The command line every ``ncu_*`` tool has: ``run --manifest M`` calls ``run(M)``; ``parse COUNTERS
+    MANIFEST OUT`` calls ``parse`` with the tool's name and ``expect``."""
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--manifest", required=True, type=Path)
+    p = sub.add_parser("parse")
+    p.add_argument("counters", type=Path)
+    p.add_argument("manifest", type=Path)
+    p.add_argument("out", type=Path)
+    args = ap.parse_args()
+    if args.cmd == "run":
+        run(args.manifest)
+    else:
+        parse(args.counters, args.manifest, args.out, tool=tool, expect=expect)

@@ -21,7 +21,6 @@ those of a GPU under profiling, not chapter 4's timings.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -76,25 +75,9 @@ def run(manifest: Path) -> None:
     results.write(manifest, {"provenance": device.provenance("cuda"), "launches": launches})
 
 
-def parse(counters: Path, manifest: Path, out: Path) -> None:
-    ncu.parse(counters, manifest, out, tool="tools/tuning/ncu_grouped_gemm.py",
-              expect=lambda launch: "grouped_gemm" if launch["path"] == "lib" else "nvjet")
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run")
-    r.add_argument("--manifest", required=True, type=Path)
-    p = sub.add_parser("parse")
-    p.add_argument("counters", type=Path)
-    p.add_argument("manifest", type=Path)
-    p.add_argument("out", type=Path)
-    args = ap.parse_args()
-    if args.cmd == "run":
-        run(args.manifest)
-    else:
-        parse(args.counters, args.manifest, args.out)
+    ncu.cli(run, tool="tools/tuning/ncu_grouped_gemm.py",
+            expect=lambda launch: "grouped_gemm" if launch["path"] == "lib" else "nvjet")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ at a fraction of the read rate. The clocks are left as they are.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -66,20 +65,7 @@ def run(manifest: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run")
-    r.add_argument("--manifest", required=True, type=Path)
-    p = sub.add_parser("parse")
-    p.add_argument("counters", type=Path)
-    p.add_argument("manifest", type=Path)
-    p.add_argument("out", type=Path)
-    args = ap.parse_args()
-    if args.cmd == "run":
-        run(args.manifest)
-    else:
-        ncu.parse(args.counters, args.manifest, args.out, tool="tools/tuning/ncu_quant_gemv.py",
-                  expect=lambda launch: EXPECT[launch["path"]])
+    ncu.cli(run, tool="tools/tuning/ncu_quant_gemv.py", expect=lambda launch: EXPECT[launch["path"]])
 
 
 if __name__ == "__main__":

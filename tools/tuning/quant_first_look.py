@@ -25,7 +25,7 @@ from lib import quant  # noqa: E402
 from lib.bench import timing  # noqa: E402
 from lib.kernels import quant_gemm as qg  # noqa: E402
 
-SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
+SHAPES = records.SHAPES_8B
 
 
 def main() -> int:

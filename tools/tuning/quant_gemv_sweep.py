@@ -17,7 +17,6 @@ rate, and the speedup over bf16.
 
 from __future__ import annotations
 
-import itertools
 import json
 import sys
 from pathlib import Path
@@ -29,17 +28,11 @@ import records  # noqa: E402
 import torch  # noqa: E402
 
 from lib import quant  # noqa: E402
-from lib.bench import timing  # noqa: E402
 from lib.experiments import quantization  # noqa: E402
 from lib.kernels import quant_gemm as qg  # noqa: E402
 from lib.kernels import stream  # noqa: E402
 
-SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
 GRID = {"rows": (16, 32, 64, 128), "block_n": (128, 256, 512), "splits": (1, 2, 4, 8, 16, 32), "num_warps": (4, 8)}
-
-
-def time_of(calls) -> float:
-    return timing.bench(calls, device="cuda", reps=3, warmup=1, target_ms=0.5).gpu_us.median
 
 
 def torch_int4(w: torch.Tensor, x: torch.Tensor):
@@ -57,66 +50,48 @@ def main() -> int:
     args, read_bw, l2, gen = records.gpu_sweep("1,4", (("--formats", "int8,int4"), ("--grid", "")))
     grid = {**GRID, **json.loads(args.grid)} if args.grid else GRID
     rows = []
-    for name, (K, N) in SHAPES.items():
-        copies = timing.rotation(K * N * 2, l2)
-        ws = [(torch.randn(K, N, device="cuda", generator=gen) * 0.02).to(torch.bfloat16) for _ in range(copies)]
-        for M in (int(m) for m in args.rows.split(",")):
-            x = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
-            base = time_of([lambda w=w, x=x: x @ w for w in ws])
-            ti4 = torch_int4(ws[0], x)
-            if ti4 is not None:
-                ref4 = x.float() @ quant.quantize_int4(ws[0], 128).dequantize(torch.float32)
-                err = float((ti4().float() - ref4).norm() / ref4.norm())
-                rows.append({"shape": name, "M": M, "format": "torch int4", "gpu_us": time_of([ti4]),
-                             "bf16_us": base, "rel_err": err})
-            for fmt in args.formats.split(","):
-                qws = [quant.quantize_int8(w) if fmt == "int8" else quant.quantize_int4(w, 128) for w in ws]
-                fn, mm = (qg.w8_gemv, qg.w8_mm) if fmt == "int8" else (qg.w4_gemv, qg.w4_mm)
-                nbytes = K * N + 4 * N if fmt == "int8" else K * N // 2 + 4 * (K // 128) * N
-                half = [torch.empty(nbytes // 2, device="cuda", dtype=torch.uint8).random_(generator=gen)
-                        for _ in range(2 * copies)]
-                floor = time_of([lambda a=a, b=b: stream.read_sum(a, b, programs=4 * 132)
-                                 for a, b in zip(half[::2], half[1::2])])
-                del half
-                # the vendor's GEMV over as many bf16 bytes as the quantized weights' (K / 4 or K / 2 rows)
-                kb = K // 4 if fmt == "int4" else K // 2
-                wb = [torch.randn(kb, N, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(copies)]
-                xb = x[:, :kb].contiguous()
-                same_bytes = time_of([lambda w=w, xb=xb: xb @ w for w in wb])
-                del wb
-                mm_us = time_of([lambda q=q, x=x, mm=mm: mm(x, q) for q in qws])
-                ref = x.float() @ qws[0].dequantize(torch.float32)
-                best = None
-                for vals in itertools.product(*grid.values()):
-                    kw = dict(zip(grid, vals))
-                    per = 2 * kw["rows"] if fmt == "int4" else kw["rows"]
-                    if K % (kw["splits"] * (128 if fmt == "int4" else per)) or (fmt == "int4" and per > 128):
-                        continue
-                    try:
-                        y = fn(x, qws[0], **kw)
-                    except Exception as ex:  # a launch this GPU refuses: recorded, not fatal
-                        rows.append({"shape": name, "M": M, "format": fmt, **kw, "error": str(ex)[:200]})
-                        continue
-                    err = float((y.float() - ref).norm() / ref.norm())
-                    if not err < 2e-2:
-                        raise AssertionError(f"{name} M={M} {fmt} {kw}: relative error {err:.3g}")
-                    us = time_of([lambda q=q, x=x, kw=kw, fn=fn: fn(x, q, **kw) for q in qws])
-                    row = {"shape": name, "M": M, "K": K, "N": N, "format": fmt, **kw, "gpu_us": us,
-                           "of_read_rate": nbytes / us * 1e6 / read_bw, "bf16_us": base, "speedup": base / us,
-                           "read_floor_us": floor, "bf16_same_bytes_us": same_bytes,
-                           "mm_default_us": mm_us}
-                    rows.append(row)
-                    if best is None or us < best["gpu_us"]:
-                        best = row
-                t4 = next((r["gpu_us"] for r in rows[::-1] if r.get("format") == "torch int4" and r["shape"] == name
-                           and r["M"] == M), float("nan"))
-                print(f"{name:8s} M={M} {fmt}: bf16 {base:6.1f} us, torch int4 {t4:6.1f}, read floor {floor:5.1f}, "
-                      f"bf16 same bytes {same_bytes:5.1f}, "
-                      f"tensor-core default {mm_us:6.1f}; best GEMV {best['gpu_us']:6.1f} us x{best['speedup']:.2f} "
-                      f"({best['of_read_rate']:.2f} of read) {({k: best[k] for k in grid})}", flush=True)
-                records.write(args.out, rows, tool=__file__)
-                del qws
-        del ws
+    for name, K, N, ws, M, x, base in records.weight_cases(args.rows, l2, gen):
+        ti4 = torch_int4(ws[0], x)
+        if ti4 is not None:
+            ref4 = x.float() @ quant.quantize_int4(ws[0], 128).dequantize(torch.float32)
+            err = float((ti4().float() - ref4).norm() / ref4.norm())
+            rows.append({"shape": name, "M": M, "format": "torch int4", "gpu_us": records.time_of([ti4]),
+                         "bf16_us": base, "rel_err": err})
+        for fmt in args.formats.split(","):
+            qws = [quant.quantize_int8(w) if fmt == "int8" else quant.quantize_int4(w, 128) for w in ws]
+            fn, mm = (qg.w8_gemv, qg.w8_mm) if fmt == "int8" else (qg.w4_gemv, qg.w4_mm)
+            nbytes = K * N + 4 * N if fmt == "int8" else K * N // 2 + 4 * (K // 128) * N
+            half = [torch.empty(nbytes // 2, device="cuda", dtype=torch.uint8).random_(generator=gen)
+                    for _ in range(2 * len(ws))]
+            floor = records.time_of([lambda a=a, b=b: stream.read_sum(a, b, programs=4 * 132)
+                             for a, b in zip(half[::2], half[1::2])])
+            del half
+            # the vendor's GEMV over as many bf16 bytes as the quantized weights' (K / 4 or K / 2 rows)
+            kb = K // 4 if fmt == "int4" else K // 2
+            wb = [torch.randn(kb, N, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(len(ws))]
+            xb = x[:, :kb].contiguous()
+            same_bytes = records.time_of([lambda w=w, xb=xb: xb @ w for w in wb])
+            del wb
+            mm_us = records.time_of([lambda q=q, x=x, mm=mm: mm(x, q) for q in qws])
+            ref = x.float() @ qws[0].dequantize(torch.float32)
+
+            def skip(kw, fmt=fmt, K=K):
+                per = 2 * kw["rows"] if fmt == "int4" else kw["rows"]
+                return K % (kw["splits"] * (128 if fmt == "int4" else per)) or (fmt == "int4" and per > 128)
+
+            start = len(rows)
+            best = records.launch_search(fn, x, qws, ref, grid, skip, records.time_of,
+                                         {"shape": name, "M": M, "K": K, "N": N, "format": fmt}, rows)
+            records.rate_columns(rows[start:], nbytes, read_bw, base, read_floor_us=floor, bf16_same_bytes_us=same_bytes,
+                                 mm_default_us=mm_us)
+            t4 = next((r["gpu_us"] for r in rows[::-1] if r.get("format") == "torch int4" and r["shape"] == name
+                       and r["M"] == M), float("nan"))
+            print(f"{name:8s} M={M} {fmt}: bf16 {base:6.1f} us, torch int4 {t4:6.1f}, read floor {floor:5.1f}, "
+                  f"bf16 same bytes {same_bytes:5.1f}, "
+                  f"tensor-core default {mm_us:6.1f}; best GEMV {best['gpu_us']:6.1f} us x{best['speedup']:.2f} "
+                  f"({best['of_read_rate']:.2f} of read) {({k: best[k] for k in grid})}", flush=True)
+            records.write(args.out, rows, tool=__file__)
+            del qws
     return 0
 
 

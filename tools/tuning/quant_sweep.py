@@ -14,7 +14,6 @@ rate, and the speedup over bf16.
 
 from __future__ import annotations
 
-import itertools
 import json
 import sys
 from pathlib import Path
@@ -26,10 +25,8 @@ import records  # noqa: E402
 import torch  # noqa: E402
 
 from lib import quant  # noqa: E402
-from lib.bench import timing  # noqa: E402
 from lib.kernels import quant_gemm as qg  # noqa: E402
 
-SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
 GRID = {"block_n": (64, 128, 256), "block_k": (64, 128), "splits": (1, 2, 4, 8, 16), "num_warps": (4, 8),
         "swap": (False, True)}
 
@@ -38,45 +35,21 @@ def main() -> int:
     args, read_bw, l2, gen = records.gpu_sweep("1,16", (("--formats", "int8,int4"), ("--grid", "")))
     grid = {**GRID, **json.loads(args.grid)} if args.grid else GRID
     rows = []
-    for name, (K, N) in SHAPES.items():
-        copies = timing.rotation(K * N * 2, l2)
-        ws = [(torch.randn(K, N, device="cuda", generator=gen) * 0.02).to(torch.bfloat16) for _ in range(copies)]
-        for M in (int(m) for m in args.rows.split(",")):
-            x = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
-
-            def time_of(calls):
-                return timing.bench(calls, device="cuda", reps=3, warmup=1, target_ms=0.5).gpu_us.median
-
-            base = time_of([lambda w=w, x=x: x @ w for w in ws])
-            for fmt in args.formats.split(","):
-                qws = [quant.quantize_int8(w) if fmt == "int8" else quant.quantize_int4(w, 128) for w in ws]
-                fn = qg.w8_mm if fmt == "int8" else qg.w4_mm
-                nbytes = K * N + 4 * N if fmt == "int8" else K * N // 2 + 4 * (K // 128) * N
-                ref = x.float() @ qws[0].dequantize(torch.float32)
-                best = None
-                for vals in itertools.product(*grid.values()):
-                    kw = dict(zip(grid, vals))
-                    if K % (kw["splits"] * kw["block_k"]):
-                        continue
-                    try:
-                        y = fn(x, qws[0], **kw)
-                    except Exception as ex:  # a launch this GPU refuses: recorded, not fatal
-                        rows.append({"shape": name, "M": M, "format": fmt, **kw, "error": str(ex)[:200]})
-                        continue
-                    err = float((y.float() - ref).norm() / ref.norm())
-                    if not err < 2e-2:
-                        raise AssertionError(f"{name} M={M} {fmt} {kw}: relative error {err:.3g}")
-                    us = time_of([lambda q=q, x=x, kw=kw, fn=fn: fn(x, q, **kw) for q in qws])
-                    row = {"shape": name, "M": M, "K": K, "N": N, "format": fmt, **kw, "gpu_us": us,
-                           "of_read_rate": nbytes / us * 1e6 / read_bw, "bf16_us": base, "speedup": base / us}
-                    rows.append(row)
-                    if best is None or us < best["gpu_us"]:
-                        best = row
-                print(f"{name:8s} M={M:3d} {fmt}: bf16 {base:6.1f} us; best {best['gpu_us']:6.1f} us x{best['speedup']:.2f} "
-                      f"({best['of_read_rate']:.2f} of read) {({k: best[k] for k in grid})}", flush=True)
-                records.write(args.out, rows, tool=__file__)
-                del qws
-        del ws
+    for name, K, N, ws, M, x, base in records.weight_cases(args.rows, l2, gen):
+        for fmt in args.formats.split(","):
+            qws = [quant.quantize_int8(w) if fmt == "int8" else quant.quantize_int4(w, 128) for w in ws]
+            fn = qg.w8_mm if fmt == "int8" else qg.w4_mm
+            nbytes = K * N + 4 * N if fmt == "int8" else K * N // 2 + 4 * (K // 128) * N
+            ref = x.float() @ qws[0].dequantize(torch.float32)
+            base_row = {"shape": name, "M": M, "K": K, "N": N, "format": fmt}
+            start = len(rows)
+            best = records.launch_search(fn, x, qws, ref, grid, lambda kw, K=K: K % (kw["splits"] * kw["block_k"]),
+                                         records.time_of, base_row, rows)
+            records.rate_columns(rows[start:], nbytes, read_bw, base)
+            print(f"{name:8s} M={M:3d} {fmt}: bf16 {base:6.1f} us; best {best['gpu_us']:6.1f} us x{best['speedup']:.2f} "
+                  f"({best['of_read_rate']:.2f} of read) {({k: best[k] for k in grid})}", flush=True)
+            records.write(args.out, rows, tool=__file__)
+            del qws
     return 0
 
 

@@ -63,3 +63,65 @@ def gpu_sweep(rows_default: str, extra=()):
     args = ap.parse_args()
     return (args, ceilings.load()["read_bw_GBps"] * 1e9, torch.cuda.get_device_properties(0).L2_cache_size,
             torch.Generator(device="cuda").manual_seed(0))
+
+
+def launch_search(fn, x, weights: list, ref, grid: dict, skip, time_of, base: dict, rows: list) -> dict | None:
+    """Every launch of ``grid`` (a dict of lists) of ``fn(x, w, **launch)``: a launch ``skip(launch)`` rules
+    out is passed over, one the GPU refuses is recorded with its error, one whose product is more than 2% off
+    ``ref`` (relative, float32) stops the sweep, the rest are timed with ``time_of`` over ``weights`` (copies
+    that defeat the L2). Each appends ``{**base, **launch, "gpu_us"}`` to ``rows``; returns the fastest."""
+    import itertools
+
+    best = None
+    for vals in itertools.product(*grid.values()):
+        kw = dict(zip(grid, vals))
+        if skip(kw):
+            continue
+        try:
+            y = fn(x, weights[0], **kw)
+        except Exception as ex:  # a launch this GPU refuses: recorded, not fatal
+            rows.append({**base, **kw, "error": str(ex)[:200]})
+            continue
+        err = float((y.float() - ref).norm() / ref.norm())
+        if not err < 2e-2:
+            raise AssertionError(f"{base} {kw}: relative error {err:.3g}")
+        row = {**base, **kw, "gpu_us": time_of([lambda q=q, kw=kw: fn(x, q, **kw) for q in weights])}
+        rows.append(row)
+        if best is None or row["gpu_us"] < best["gpu_us"]:
+            best = row
+    return best
+
+
+SHAPES_8B = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
+
+
+def time_of(calls) -> float:
+    """The median GPU time (us) of ``calls`` used in turn, by CUDA-graph replay (a sweep's quick timing)."""
+    from lib.bench import timing
+
+    return timing.bench(calls, device="cuda", reps=3, warmup=1, target_ms=0.5).gpu_us.median
+
+
+def weight_cases(rows: str, l2: int, gen, shapes=SHAPES_8B):
+    """For each product (K, N) of ``shapes`` and each row count of ``rows`` ("1,16"): (name, K, N, ws, M, x,
+    bf16_us), with ``ws`` enough copies of bf16 weights (standard deviation 0.02) to defeat the L2, x [M, K]
+    bf16 and bf16 cuBLAS's GPU time over them."""
+    import torch
+
+    from lib.bench import timing
+
+    for name, (K, N) in shapes.items():
+        copies = timing.rotation(K * N * 2, l2)
+        ws = [(torch.randn(K, N, device="cuda", generator=gen) * 0.02).to(torch.bfloat16) for _ in range(copies)]
+        for M in (int(m) for m in rows.split(",")):
+            x = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
+            yield name, K, N, ws, M, x, time_of([lambda w=w, x=x: x @ w for w in ws])
+
+
+def rate_columns(rows: list, nbytes: int, read_bw: float, bf16_us: float, **extra) -> None:
+    """Add to each timed row the bytes read over its time as a share of the read rate (``read_bw``, bytes/s),
+    bf16's time and the speedup over it, and ``extra``."""
+    for row in rows:
+        if "gpu_us" in row:
+            row.update(of_read_rate=nbytes / row["gpu_us"] * 1e6 / read_bw, bf16_us=bf16_us,
+                       speedup=bf16_us / row["gpu_us"], **extra)
