@@ -87,9 +87,11 @@ def bytes_per_weight(fmt: str, group: int | None = None, *, K: int = 4096, scale
     raise ValueError(f"unknown format {fmt!r}: one of 'bf16', 'fp8', 'int8', 'int4'")
 
 
-# CUDA-core instructions that turn one stored weight into the product's input in lib.kernels.quant_gemm's
-# main loop, counted from its source: int8 one conversion; int4 (two weights a byte) an AND, a shift, two
-# XORs and the byte's widening, 2.5 a weight; bf16 none. A model's count, to be set against measurement.
+# CUDA-core instructions that turn one stored weight into the product's input in the main loop of
+# lib.kernels.quant_gemm's tensor-core kernels, counted from its source: int8 one conversion; int4 (two
+# weights a byte) an AND, a shift, two XORs and the byte's widening, 2.5 a weight; bf16 none. A model's count,
+# to be set against measurement. (The GEMVs that take one row multiply on the CUDA cores too: their int4 loop
+# compiles to about four instructions a weight for sm_90a, conversion, multiply-adds and addressing.)
 OPS_PER_WEIGHT = {"bf16": 0.0, "int8": 1.0, "int4": 2.5}
 
 
