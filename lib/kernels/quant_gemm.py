@@ -106,8 +106,6 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((lo, hi), dim=1).reshape(2 * packed.shape[0], packed.shape[1])
 
 
-
-
 @triton.jit
 def _program(M, N, K_SPLIT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.constexpr):
     """This program's rows of x and columns of w with their masks, the start of its slice of K, and a zero
