@@ -76,7 +76,7 @@ def storage_figure(w: quant.Int4Weight, title: str):
     nbytes = w.packed.numel() * w.packed.element_size() + w.scale.numel() * w.scale.element_size()
     bpw = nbytes / (K * N)
     ax.text(0, -K - 0.1, f"{nbytes} bytes for {K * N} weights: {bpw:.4f} a weight ({2 / bpw:.2f} times fewer than "
-            f"bf16's 2); in groups of 128, {quant.bytes_per_weight('int4', 128):.4f} "
+            f"bf16's 2);\nin groups of 128, {quant.bytes_per_weight('int4', 128):.4f} "
             f"({quant.speedup_bound('int4', 128):.2f} times fewer)", ha="left", va="top", fontsize=FONT)
     ax.set_title(title, fontsize=11)
     fig.tight_layout()
