@@ -16,7 +16,8 @@ Rounding is to nearest (ties to even, torch's ``round``), so a dequantized weigh
 of the original: |w - s q| <= s / 2. An all-zero column or group gets scale 1 (every q is 0), never a
 division by zero.
 
-The containers (``Int8Weight``, ``Int4Weight``) and the packing live with the kernels that read them
+The containers (``Int8Weight``, ``Int4Weight``, and ``Int4Interleaved``: the int4 scales stored after each
+group's weights, ``interleave_scales``) and the packing live with the kernels that read them
 (``lib.kernels.quant_gemm``) and are re-exported here. ``bytes_per_weight`` gives each format's bytes per
 weight, scales included: what chapter 9's prediction of the decode speedup divides by (``speedup_bound``);
 ``predict_us`` gives a product's least time as the largest of its memory, matrix and conversion times, and
@@ -29,10 +30,11 @@ from __future__ import annotations
 
 import torch
 
-from lib.kernels.quant_gemm import GROUPS, Int4Weight, Int8Weight, pack_int4, unpack_int4
+from lib.kernels.quant_gemm import GROUPS, Int4Interleaved, Int4Weight, Int8Weight, interleave_scales, pack_int4, unpack_int4
 
-__all__ = ["GROUPS", "OPS_PER_WEIGHT", "Int4Weight", "Int8Weight", "bytes_per_weight", "crossover_rows", "pack_int4",
-           "predict_us", "quantize_int4", "quantize_int8", "speedup_bound", "unpack_int4"]
+__all__ = ["FP8_MAX", "GROUPS", "OPS_PER_WEIGHT", "Int4Interleaved", "Int4Weight", "Int8Weight", "bytes_per_weight",
+           "crossover_rows", "interleave_scales", "pack_int4", "predict_us", "quantize_int4", "quantize_int8",
+           "quantize_kv_fp8", "speedup_bound", "unpack_int4"]
 
 
 def _check_weight(w: torch.Tensor) -> None:
@@ -121,3 +123,19 @@ def crossover_rows(fmt: str, group: int | None = None, *, read_GBps: float, mma_
     """The row count M at which the product's matrix work takes as long as reading the weights: below it the
     format's fewer bytes set the time, above it the FLOPs do, the same for every format."""
     return bytes_per_weight(fmt, group, K=K) * mma_TFLOPs * 1e12 / (2.0 * read_GBps * 1e9)
+
+
+FP8_MAX = 448.0  # the largest finite float8 e4m3 value
+
+
+def quantize_kv_fp8(cache: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """A K or V cache in float8 e4m3 with one scale for the whole tensor (as vLLM's ``kv_cache_dtype="fp8"``
+    with per-tensor scales): (cache / scale in e4m3, scale), scale = max |cache| / 448; an all-zero cache gets
+    scale 1. ``lib.kernels.decode_attention_fp8`` reads it with ``k_scale`` / ``v_scale`` = scale."""
+    if not isinstance(cache, torch.Tensor) or not cache.is_floating_point():
+        raise TypeError(f"cache must be a floating-point tensor, got {getattr(cache, 'dtype', type(cache).__name__)}")
+    if not torch.isfinite(cache).all():
+        raise ValueError("the cache holds NaN or infinite values: no scale represents them")
+    amax = float(cache.abs().max()) if cache.numel() else 0.0
+    scale = amax / FP8_MAX if amax > 0 else 1.0
+    return (cache.float() / scale).to(torch.float8_e4m3fn), scale

@@ -148,3 +148,45 @@ def test_step_table_by_hand():
     t = qx.step_table(rows, read_GBps=1.0)  # a thousand bytes per microsecond
     assert t["floor_us"].tolist() == [1.0, 0.5] and t["speedup"].tolist() == [1.0, 2.0]
     assert t["over floor"].tolist() == [2.0, 2.0]
+
+
+def test_kv_table_by_hand():
+    rows = [{"B": 1, "L": 1024, "format": "bf16", "gpu_us": 10.0, "bytes": 4e6},
+            {"B": 1, "L": 1024, "format": "fp8", "gpu_us": 8.0, "bytes": 2e6},
+            {"B": 1, "L": 16384, "format": "bf16", "gpu_us": 100.0, "bytes": 64e6},
+            {"B": 1, "L": 16384, "format": "fp8", "gpu_us": 55.0, "bytes": 32e6},
+            {"B": 4, "L": 16384, "format": "bf16", "gpu_us": 400.0, "bytes": 256e6},
+            {"B": 4, "L": 16384, "format": "fp8", "gpu_us": 200.0, "bytes": 128e6}]
+    t = qx.kv_table(rows)
+    assert t["speedup"].tolist() == pytest.approx([1.25, 100 / 55, 2.0])
+    assert t["bf16 GB/s"].tolist() == pytest.approx([400.0, 640.0, 640.0])  # 4e6 B / 10 us = 400 GB/s
+    assert qx.kv_speedup_min(t, 16384) == pytest.approx(100 / 55)  # the short context is left out
+    assert qx.kv_speedup_min(t, 1024) == pytest.approx(1.25)
+    assert qx.kv_speedup_min(t, 65536) != qx.kv_speedup_min(t, 65536)  # NaN: no such context
+
+
+def test_layout_table_by_hand():
+    rows = [{"shape": "o", "group": 32, "layout": "separate", "gpu_us": 10.0},
+            {"shape": "o", "group": 32, "layout": "interleaved", "gpu_us": 12.0},
+            {"shape": "o", "group": 128, "layout": "separate", "gpu_us": 8.0},
+            {"shape": "o", "group": 128, "layout": "interleaved", "gpu_us": 8.0}]
+    t = qx.layout_table(rows)
+    assert t["group"].tolist() == [32, 128] and t["interleaved / separate"].tolist() == pytest.approx([1.2, 1.0])
+
+
+def test_kv_cache_and_scale_layouts_are_checked_and_timed(smoke):
+    p, d = smoke
+    kv = p["kv"]
+    assert {(r["B"], r["L"], r["format"]) for r in d["kv"]["rows"]} == {
+        (B, L, f) for B in kv["Bs"] for L in kv["Ls"] for f in ("bf16", "fp8")}
+    checked = d["kv"]["checks"]
+    assert len(checked) == sum(B * L <= kv["check_tokens"] for B in kv["Bs"] for L in kv["Ls"]) > 0
+    for c in checked:  # each kernel exact on what it reads; the 8-bit cache a few percent off the exact values
+        assert c["bf16_rel_err"] <= kv["tolerance"] and c["fp8_rel_err"] <= kv["tolerance"]
+        assert 0.005 < c["fp8_vs_exact"] < 0.1
+    fp8 = {(r["B"], r["L"]): r["bytes"] for r in d["kv"]["rows"] if r["format"] == "fp8"}
+    wide = {(r["B"], r["L"]): r["bytes"] for r in d["kv"]["rows"] if r["format"] == "bf16"}
+    assert all(wide[k] == 4 * fp8[k] for k in fp8)  # the smoke run's 16-bit cache is float32: 4 bytes to 1
+    lay = {(r["shape"], r["group"], r["layout"]) for r in d["layouts"]}
+    assert lay == {(s, g, x) for s in p["shapes"] for g in p["groups"] for x in ("separate", "interleaved")}
+    assert all(r["max_rel_diff"] == 0.0 for r in d["layouts"])  # the same values in another order

@@ -281,3 +281,41 @@ def test_one_row_goes_to_the_gemv_and_more_rows_to_the_tensor_core_kernel():
     assert torch.equal(qg.w8_mm(x3, w8), qg.w8_mm(x3, w8, gemv=False))
     # a tensor-core launch parameter keeps one row on the tensor-core kernel
     assert torch.equal(qg.w4_mm(x1, w4, splits=2), qg.w4_mm(x1, w4, splits=2, gemv=False))
+
+
+# ---------------------------------------------------------------------------- scales interleaved with the weights
+
+def test_interleaved_layout_by_hand():
+    # K = 64 in groups of 32, N = 4 (one word per row): group 0's 16 rows of words, then its 4 scales (one
+    # per column, one row each), then group 1's
+    q = torch.tensor([[(k + j) % 16 - 8 for j in range(4)] for k in range(64)], dtype=torch.int8)
+    scale = torch.tensor([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]])
+    iw = quant.interleave_scales(quant.Int4Weight(qg.pack_int4(q), scale, 32))
+    assert iw.words.shape == (2, 20, 1) and iw.K == 64 and iw.N == 4
+    assert iw.words[1, 16:, 0].view(torch.float32).tolist() == [5.0, 6.0, 7.0, 8.0]
+    assert iw.words[1, :16].contiguous().view(torch.uint8).tolist() == qg.pack_int4(q[32:]).tolist()
+    back = iw.separate()
+    assert torch.equal(back.packed, qg.pack_int4(q)) and torch.equal(back.scale, scale)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("M,K,N,group,splits,rows", [(1, 256, 200, 128, 1, 32), (2, 512, 64, 32, 2, 16),
+                                                     (1, 512, 72, 256, 2, 64)])
+def test_w4_gemv_interleaved_equals_separate(dtype, M, K, N, group, splits, rows):
+    g = torch.Generator().manual_seed(K + group)
+    x, w = torch.randn(M, K, generator=g).to(dtype), torch.randn(K, N, generator=g) * 0.02
+    qw = quant.quantize_int4(w, group)
+    iw = quant.interleave_scales(qw)
+    y = qg.w4_gemv(x, iw, splits=splits, rows=rows)
+    # the same arithmetic on the same values in another order of bytes: equal, bit for bit
+    assert torch.equal(y, qg.w4_gemv(x, qw, splits=splits, rows=rows))
+    assert _rel_err(y, x.double() @ iw.dequantize(torch.float64)) < (1e-6 if dtype == torch.float32 else 2e-3)
+
+
+def test_interleaving_refuses_what_it_cannot_store():
+    with pytest.raises(ValueError, match="multiple of 4"):
+        quant.interleave_scales(quant.quantize_int4(torch.randn(64, 6), 32))
+    with pytest.raises(TypeError, match="Int4Weight"):
+        quant.interleave_scales(quant.quantize_int8(torch.randn(64, 8)))
+    with pytest.raises(TypeError, match="Int4Interleaved"):
+        qg.w4_gemv(torch.randn(1, 64), torch.randn(64, 8))

@@ -65,7 +65,7 @@ MAX_SHARED = 232448  # bytes of shared memory one program may use on sm_90 (227 
 GROUPS = ("decode_attention", "grouped_gemm", "stream", "fused", "tuning", "quant")
 _TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
           torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8",
-          torch.bool: "i1"}
+          torch.bool: "i1", torch.float8_e4m3fn: "fp8e4nv"}
 
 
 @dataclass
@@ -341,7 +341,8 @@ def _fused_calls(rec: Recorder) -> None:
 
 def _quant_calls(rec: Recorder) -> None:
     """Chapter 9's GEMMs of quantized weights (``lib.kernels.quant_gemm``) at Llama-3-8B's four layer products,
-    a few row counts, int8 and int4 in every group size, bf16 activations."""
+    a few row counts, int8 and int4 in every group size, bf16 activations; and its decode attention over
+    bf16 and fp8 caches at the batches and contexts of its full run."""
     from lib import llama, quant
     from lib.kernels import quant_gemm
 
@@ -366,6 +367,24 @@ def _quant_calls(rec: Recorder) -> None:
                 rec.label = f"chapter 9: int4 GEMV g={g} M={M} K={K} N={N}"
                 quant_gemm.w4_gemv(x, quant.Int4Weight(_meta(K // 2, N, dtype=torch.uint8),
                                                        _meta(K // g, N, dtype=torch.float32), g))
+                rec.label = f"chapter 9: int4 GEMV, scales interleaved, g={g} M={M} K={K} N={N}"
+                quant_gemm.w4_gemv(x, quant.Int4Interleaved(_meta(K // g, g // 2 + 4, N // 4, dtype=torch.int32), g))
+    from lib.experiments import quantization
+    from lib.kernels import decode_attention as da
+    from lib.kernels import decode_attention_fp8 as da8
+
+    kv = quantization.sweep("full")["kv"]
+    for B in kv["Bs"]:
+        for L in kv["Ls"]:
+            per = -(-L // kv["page"])
+            q, lens = _meta(B, kv["H_q"], kv["d"]), _meta(B, dtype=torch.int32)
+            bt = _meta(B, per, dtype=torch.int32)
+            rec.label = f"chapter 9: decode attention B={B} L={L}, bf16 cache"
+            c16 = _meta(B * per, kv["H_kv"], kv["page"], kv["d"])
+            da.DecodeAttention(q, c16, c16, bt, lens)(q, c16, c16, bt, lens)
+            rec.label = f"chapter 9: decode attention B={B} L={L}, fp8 cache"
+            c8 = _meta(B * per, kv["H_kv"], kv["page"], kv["d"], dtype=torch.float8_e4m3fn)
+            da8.DecodeAttentionFP8(q, c8, c8, bt, lens, k_scale=1.0, v_scale=1.0)(q, c8, c8, bt, lens)
 
 
 CALLS = {"decode_attention": _decode_calls, "grouped_gemm": _grouped_calls, "stream": _stream_calls,

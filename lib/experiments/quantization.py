@@ -43,7 +43,7 @@ from lib.bench import kernel_kinds, timing
 from lib.experiments import require
 from lib.kernels import quant_gemm
 
-PARAMS = ("shapes", "rows", "groups", "dtype", "reps", "target_ms", "rounds", "seed", "tolerance", "step")
+PARAMS = ("shapes", "rows", "groups", "dtype", "reps", "target_ms", "rounds", "seed", "tolerance", "step", "kv")
 SHAPES_8B = {"qkv": [4096, 6144], "o": [4096, 4096], "gate_up": [4096, 28672], "down": [14336, 4096]}
 WEIGHT_KINDS = ("gaussian", "outlier channels", "heavy tails")
 
@@ -56,11 +56,15 @@ def sweep(size: str) -> dict:
                 "groups": [32, 64, 128, 256], "dtype": "bfloat16", "reps": 5, "target_ms": 1.0, "rounds": 3,
                 "seed": 0, "tolerance": 2e-2,
                 "step": {"config": "8b", "shapes": [[1, 1024], [16, 1024]], "group": 128, "block": 16,
-                         "target_ms": 20.0}}
+                         "target_ms": 20.0},
+                "kv": {"Bs": [1, 16], "Ls": [1024, 4096, 16384, 32768, 65536], "H_q": 32, "H_kv": 8, "d": 128,
+                       "page": 16, "check_tokens": 65536, "tolerance": 2e-2}}
     if size == "smoke":
         return {"shapes": {"a": [256, 96], "b": [512, 64]}, "rows": [1, 5], "groups": [32, 128], "dtype": "float32",
                 "reps": 1, "target_ms": 0.2, "rounds": 1, "seed": 0, "tolerance": 1e-4,
-                "step": {"config": "tiny", "shapes": [[1, 12], [2, 12]], "group": 32, "block": 4, "target_ms": 0.2}}
+                "step": {"config": "tiny", "shapes": [[1, 12], [2, 12]], "group": 32, "block": 4, "target_ms": 0.2},
+                "kv": {"Bs": [1, 2], "Ls": [40, 100], "H_q": 4, "H_kv": 2, "d": 32, "page": 16, "check_tokens": 200,
+                       "tolerance": 1e-4}}
     raise ValueError(f"size must be 'full' or 'smoke', got {size!r}")
 
 
@@ -200,7 +204,108 @@ def measure(params: dict, device: str) -> dict:
                              "gpu_us": statistics.median(gpu) if gpu else None,
                              "call_us": statistics.median(c for _, c, _ in ts), "method": ts[0][2]})
         del ws, prepared
-    return {"rows": rows, "checks": checks, "errors": errors(params, device), "step": measure_step(params, device)}
+    return {"rows": rows, "checks": checks, "layouts": measure_layouts(params, device),
+            "errors": errors(params, device), "kv": measure_kv(params, device), "step": measure_step(params, device)}
+
+
+def _interleaved_rounds(calls: dict, params: dict, device: str, target_ms: float | None = None) -> dict:
+    """Each entry of ``calls`` (a name: callables over copies of its inputs) timed in ``params["rounds"]``
+    rounds, the order reversed every other round: {name: (median GPU us or None, median call us, method)}."""
+    times = {n: [] for n in calls}
+    for r in range(params["rounds"]):
+        for n in (list(calls) if r % 2 == 0 else list(reversed(calls))):
+            t = timing.bench(calls[n], device=device, reps=params["reps"], warmup=2,
+                             target_ms=target_ms or params["target_ms"])
+            times[n].append((t.gpu_us.median, t.call_us.median, t.method))
+    out = {}
+    for n, ts in times.items():
+        gpu = [g for g, _, _ in ts if g == g]
+        out[n] = (statistics.median(gpu) if gpu else None, statistics.median(c for _, c, _ in ts), ts[0][2])
+    return out
+
+
+def measure_layouts(params: dict, device: str) -> list[dict]:
+    """int4 at one row (the GEMV) in every group size with its scales in their own array and interleaved
+    after each group's weights (``lib.quant.interleave_scales``): the interleaved product checked equal to
+    the separate one, then both timed over copies of the weights past the L2, in interleaved rounds."""
+    dtype = getattr(torch, params["dtype"])
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda" else 0
+    out = []
+    for si, (name, (K, N)) in enumerate(params["shapes"].items()):
+        w = weights("gaussian", K, N, seed=params["seed"] + si, device=device).to(dtype)
+        x = torch.randn(1, K, device=device).to(dtype)
+        for g in params["groups"]:
+            copies = timing.rotation(K * N // 2, l2) if l2 else 1
+            sep = [quant.quantize_int4(w[torch.randperm(K, device=device)] if c else w, g) for c in range(copies)]
+            inter = [quant.interleave_scales(s) for s in sep]
+            a, b = quant_gemm.w4_gemv(x, sep[0]).float(), quant_gemm.w4_gemv(x, inter[0]).float()
+            diff = float((a - b).abs().max() / a.abs().max())
+            if not diff <= 1e-6:
+                raise AssertionError(f"int4 g{g} at {name}: the interleaved layout's product differs from the separate "
+                                     f"one's by {diff:.3g} of the largest; the layouts hold other values")
+            t = _interleaved_rounds({lay: [lambda s=s: quant_gemm.w4_gemv(x, s) for s in ws]
+                                     for lay, ws in (("separate", sep), ("interleaved", inter))}, params, device)
+            for lay, (gpu, call, method) in t.items():
+                out.append({"shape": name, "K": K, "N": N, "group": g, "layout": lay, "gpu_us": gpu, "call_us": call,
+                            "bytes": K * N // 2 + 4 * (K // g) * N, "method": method, "max_rel_diff": diff})
+            del sep, inter
+    return out
+
+
+def measure_kv(params: dict, device: str) -> dict:
+    """Decode attention over a bf16 cache (``lib.kernels.decode_attention``) and an e4m3 one
+    (``lib.kernels.decode_attention_fp8``) at each batch B and context L of ``params["kv"]`` (Llama-3-8B's
+    heads on a GPU), paged, pages in a random order: where B L is at most ``check_tokens`` both outputs are
+    checked against float64 attention over the cache each reads (the fp8 one over its dequantized values;
+    over ``tolerance`` stops the run), and the fp8 output's error against float64 attention over the
+    unquantized cache is recorded; then both timed over copies of the cache past the L2 in interleaved
+    rounds. {"rows": one per (B, L, format), "checks": one per checked (B, L)}."""
+    from lib.kernels import decode_attention as da
+    from lib.kernels import decode_attention_fp8 as da8
+
+    kv, dtype = params["kv"], getattr(torch, params["dtype"])
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda" else 0
+    gen = torch.Generator(device=device).manual_seed(params["seed"] + 7)
+    rows, checks = [], []
+    for B in kv["Bs"]:
+        for L in kv["Ls"]:
+            q = torch.randn(B, kv["H_q"], kv["d"], generator=gen, device=device).to(dtype)
+            dense = [torch.randn(B, kv["H_kv"], L, kv["d"], generator=gen, device=device).to(dtype) for _ in "kv"]
+            kc, bt = da.paginate(dense[0], kv["page"], generator=torch.Generator().manual_seed(B * L))
+            vc, _ = da.paginate(dense[1], kv["page"], block_table=bt)
+            del dense
+            lens = torch.full((B,), L, dtype=torch.int32, device=device)
+            (k8, ks), (v8, vs) = quant.quantize_kv_fp8(kc), quant.quantize_kv_fp8(vc)
+            plans = {"bf16": da.DecodeAttention(q, kc, vc, bt, lens),
+                     "fp8": da8.DecodeAttentionFP8(q, k8, v8, bt, lens, k_scale=ks, v_scale=vs)}
+            if B * L <= kv["check_tokens"]:
+                exact = da.reference(q, kc, vc, bt, lens, dtype=torch.float64)
+                own = {"bf16": exact, "fp8": da.reference(q, k8.double() * ks, v8.double() * vs, bt, lens,
+                                                          dtype=torch.float64)}  # over the dequantized cache
+                row = {"B": B, "L": L}
+                for n, ref in own.items():
+                    got = plans[n](q, *((kc, vc) if n == "bf16" else (k8, v8)), bt, lens).double()
+                    err = float((got - ref).norm() / ref.norm())
+                    if not err <= kv["tolerance"]:
+                        raise AssertionError(f"decode attention, {n} cache, B={B} L={L}: relative error {err:.3g} against "
+                                             f"float64 over the cache it reads (at most {kv['tolerance']})")
+                    row[f"{n}_rel_err"] = err
+                    row[f"{n}_vs_exact"] = float((got - exact).norm() / exact.norm())
+                checks.append(row)
+                del exact, own
+            copies = {n: timing.rotation(c.numel() * c.element_size() * 2, l2) if l2 else 1
+                      for n, c in (("bf16", kc), ("fp8", k8))}
+            stores = {"bf16": [(kc, vc)] + [(kc.clone(), vc.clone()) for _ in range(copies["bf16"] - 1)],
+                      "fp8": [(k8, v8)] + [(k8.clone(), v8.clone()) for _ in range(copies["fp8"] - 1)]}
+            calls = {n: [lambda p=plans[n], k=k, v=v: p(q, k, v, bt, lens) for k, v in stores[n]] for n in plans}
+            for n, (gpu, call, method) in _interleaved_rounds(calls, params, device).items():
+                c = stores[n][0][0]
+                rows.append({"B": B, "L": L, "format": n, "gpu_us": gpu, "call_us": call, "method": method,
+                             "bytes": 2 * c.numel() * c.element_size(), "splits": plans[n].splits})
+            del stores, calls, plans, kc, vc, k8, v8
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    return {"rows": rows, "checks": checks}
 
 
 def errors(params: dict, device: str) -> list[dict]:
@@ -365,3 +470,31 @@ def step_table(step_rows: list[dict], read_GBps: float) -> pd.DataFrame:
     base = df[df["format"] == "bf16"].set_index(["B", "L"])["gpu_us"]
     df["speedup"] = [base.get((b, n), float("nan")) / t for b, n, t in zip(df["B"], df["L"], df["gpu_us"])]
     return df
+
+
+def layout_table(layout_rows: list[dict]) -> pd.DataFrame:
+    """int4 at one row by group size and product: GPU time (us) with the scales in their own array and
+    interleaved, and interleaved over separate (above 1: interleaving is slower)."""
+    df = pd.DataFrame(layout_rows)
+    t = df.pivot_table(index=["group", "shape"], columns="layout", values="gpu_us").reset_index()
+    t["interleaved / separate"] = t["interleaved"] / t["separate"]
+    return t[["group", "shape", "separate", "interleaved", "interleaved / separate"]]
+
+
+def kv_table(kv_rows: list[dict]) -> pd.DataFrame:
+    """Decode attention by batch B and context L: GPU time (us) over the bf16 and the fp8 cache, the fp8
+    cache's speedup (bf16's time over fp8's), and each one's read rate (cache bytes over GPU time, GB/s)."""
+    df = pd.DataFrame(kv_rows)
+    df["gpu_us"] = df["gpu_us"].astype(float)
+    t = df.pivot_table(index=["B", "L"], columns="format", values=["gpu_us", "bytes"])
+    out = pd.DataFrame({"bf16 us": t["gpu_us"]["bf16"], "fp8 us": t["gpu_us"]["fp8"]})
+    out["speedup"] = out["bf16 us"] / out["fp8 us"]
+    out["bf16 GB/s"] = t["bytes"]["bf16"] / out["bf16 us"] / 1e3
+    out["fp8 GB/s"] = t["bytes"]["fp8"] / out["fp8 us"] / 1e3
+    return out.reset_index()
+
+
+def kv_speedup_min(table: pd.DataFrame, from_L: int) -> float:
+    """The fp8 cache's least speedup over contexts of at least ``from_L`` tokens, every batch (NaN if none)."""
+    s = table[table["L"] >= from_L]["speedup"]
+    return float(s.min()) if len(s) else float("nan")

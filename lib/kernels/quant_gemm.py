@@ -85,6 +85,50 @@ class Int4Weight:
         return (self.values().float() * s).to(dtype)
 
 
+@dataclass(frozen=True)
+class Int4Interleaved:
+    """An ``Int4Weight`` with each group's scales stored right after its weights, in one int32 tensor
+    ``words`` [K / group, group / 2 + 4, N / 4]: rows 0 .. group / 2 - 1 of a group are its packed bytes read
+    as words (word c of a row holds columns 4c .. 4c + 3), rows group / 2 + j hold, in word c, the bits of
+    the float32 scale of column 4c + j. The same bytes as the separate arrays, in the order the GEMV reads
+    them (``interleave_scales`` makes it)."""
+
+    words: torch.Tensor
+    group: int
+
+    @property
+    def K(self) -> int:
+        return self.words.shape[0] * self.group
+
+    @property
+    def N(self) -> int:
+        return 4 * self.words.shape[2]
+
+    def separate(self) -> Int4Weight:
+        """The weights with their scales in their own array again."""
+        half = self.group // 2
+        packed = self.words[:, :half].reshape(-1, self.words.shape[2]).contiguous().view(torch.uint8)
+        scale = self.words[:, half:].view(torch.float32).permute(0, 2, 1).reshape(self.words.shape[0], -1)
+        return Int4Weight(packed, scale.contiguous(), self.group)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.separate().dequantize(dtype)
+
+
+def interleave_scales(w: Int4Weight) -> Int4Interleaved:
+    """``w`` with each group's scales after its weights (see ``Int4Interleaved``); N a multiple of 4."""
+    if not isinstance(w, Int4Weight):
+        raise TypeError(f"w must be an Int4Weight (lib.quant.quantize_int4), got {type(w).__name__}")
+    N = w.packed.shape[1]
+    if N % 4 or w.scale.dtype != torch.float32:
+        raise ValueError(f"interleaving needs N a multiple of 4 (four columns to a word) and float32 scales; got "
+                         f"N={N}, {w.scale.dtype}")
+    groups, half = w.scale.shape[0], w.group // 2
+    words = w.packed.contiguous().view(torch.int32).reshape(groups, half, N // 4)
+    scales = w.scale.contiguous().view(torch.int32).reshape(groups, N // 4, 4).permute(0, 2, 1)
+    return Int4Interleaved(torch.cat([words, scales], dim=1).contiguous(), w.group)
+
+
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
     """int values in -8..7, [K, N] with K even, to uint8 [K / 2, N]: row 2i in the low four bits."""
     if q.dim() != 2 or q.shape[0] % 2:
@@ -205,7 +249,7 @@ def _w4_pair(lo, hi, xe, xo, c, s, acc):
 
 @triton.jit
 def _w4_gemv_kernel(X, Q, S, P, N4, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_ps, stride_pm,
-                    BLOCK_W: tl.constexpr, ROWS: tl.constexpr, GROUP: tl.constexpr):
+                    BLOCK_W: tl.constexpr, ROWS: tl.constexpr, GROUP: tl.constexpr, INTERLEAVED: tl.constexpr):
     """Row program_id(2) of x times 4 * BLOCK_W columns of w over slice program_id(1) of K. Q is the packed
     bytes read as 32-bit words [K / 2, N / 4]: word c of byte row i holds columns 4c..4c + 3 of rows 2i
     (low nibbles) and 2i + 1 (high); a tile of ROWS byte rows lies in one group.
@@ -214,7 +258,8 @@ def _w4_gemv_kernel(X, Q, S, P, N4, K_SPLIT, stride_xm, stride_qk, stride_sg, st
     place at bit b of the word, as a float, it is the denormal u 2^(b - 149); x multiplied beforehand by
     2^(149 - b - 64) makes the product u x 2^-64, and 8 x 2^-64 less is q x 2^-64; the sums are scaled by
     2^64 at the end (x may reach 2^42 in magnitude before x 2^85 overflows). Bytes 2 and 3 are shifted
-    down to bytes 0 and 1 (bit 23 is a float's exponent)."""
+    down to bytes 0 and 1 (bit 23 is a float's exponent). INTERLEAVED: Q and S are one ``Int4Interleaved``,
+    each group's four rows of scales after its rows of words."""
     m = tl.program_id(2)
     rw = tl.program_id(0) * BLOCK_W + tl.arange(0, BLOCK_W)
     wmask = rw < N4
@@ -225,7 +270,14 @@ def _w4_gemv_kernel(X, Q, S, P, N4, K_SPLIT, stride_xm, stride_qk, stride_sg, st
     acc2 = tl.zeros((ROWS, BLOCK_W), dtype=tl.float32)
     acc3 = tl.zeros((ROWS, BLOCK_W), dtype=tl.float32)
     for k in range(k_lo, k_lo + K_SPLIT, 2 * ROWS):
-        rb = k // 2 + tl.arange(0, ROWS)
+        if INTERLEAVED:  # four rows of scales after each group's rows of words
+            rb = k // 2 + (k // GROUP) * 4 + tl.arange(0, ROWS)
+            srow = S + (k // GROUP) * stride_sg + rw[None, :]
+            sj = stride_qk
+        else:  # scales [K / GROUP, N]
+            rb = k // 2 + tl.arange(0, ROWS)
+            srow = S + (k // GROUP) * stride_sg + 4 * rw[None, :]
+            sj = 1
         w = tl.load(Q + rb[:, None] * stride_qk + rw[None, :], mask=wmask[None, :], other=0) ^ -0x77777778
         w2 = w >> 16
         xe = tl.load(xrow + k + 2 * tl.arange(0, ROWS)[:, None]).to(tl.float32)
@@ -233,15 +285,14 @@ def _w4_gemv_kernel(X, Q, S, P, N4, K_SPLIT, stride_xm, stride_qk, stride_sg, st
         c = (xe + xo) * 4.336808689942018e-19  # 8 * 2^-64
         xe0, xo0 = xe * 3.8685626227668134e+25, xo * 2.4178516392292583e+24  # 2^85, 2^81 (bits 0 and 4)
         xe1, xo1 = xe * 1.5111572745182865e+23, xo * 9.44473296573929e+21  # 2^77, 2^73 (bits 8 and 12)
-        srow = S + (k // GROUP) * stride_sg + 4 * rw[None, :]
         acc0 = _w4_pair(_denormal(w, 0xF), _denormal(w, 0xF0), xe0, xo0, c,
                         tl.load(srow, mask=wmask[None, :], other=0.0), acc0)
         acc1 = _w4_pair(_denormal(w, 0xF00), _denormal(w, 0xF000), xe1, xo1, c,
-                        tl.load(srow + 1, mask=wmask[None, :], other=0.0), acc1)
+                        tl.load(srow + 1 * sj, mask=wmask[None, :], other=0.0), acc1)
         acc2 = _w4_pair(_denormal(w2, 0xF), _denormal(w2, 0xF0), xe0, xo0, c,
-                        tl.load(srow + 2, mask=wmask[None, :], other=0.0), acc2)
+                        tl.load(srow + 2 * sj, mask=wmask[None, :], other=0.0), acc2)
         acc3 = _w4_pair(_denormal(w2, 0xF00), _denormal(w2, 0xF000), xe1, xo1, c,
-                        tl.load(srow + 3, mask=wmask[None, :], other=0.0), acc3)
+                        tl.load(srow + 3 * sj, mask=wmask[None, :], other=0.0), acc3)
     out = P + tl.program_id(1) * stride_ps + m * stride_pm + 4 * rw
     ty = P.dtype.element_ty
     tl.store(out, (tl.sum(acc0, axis=0) * 18446744073709551616.0).to(ty), mask=wmask)  # 2^64
@@ -417,7 +468,8 @@ def choose_gemv_config(M: int, N: int, K: int, sms: int, *, bits: int, group: in
 
 def _gemv(x, w, bits: int, given: dict) -> torch.Tensor:
     M = x.shape[0]
-    K, N, group = (w.K, w.packed.shape[1], w.group) if bits == 4 else (*w.q.shape, 1)
+    inter = isinstance(w, Int4Interleaved)
+    K, N, group = (w.K, w.N if inter else w.packed.shape[1], w.group) if bits == 4 else (*w.q.shape, 1)
     cfg = choose_gemv_config(M, N, K, launch.sm_count(x.device), bits=bits, group=group)
     cfg.update({k: v for k, v in given.items() if v is not None})
     rows, splits, block_n = cfg["rows"], cfg["splits"], cfg["block_n"]
@@ -438,9 +490,13 @@ def _gemv(x, w, bits: int, given: dict) -> torch.Tensor:
     grid = (triton.cdiv(N, block_n), splits, M)
     meta = {"ROWS": rows, "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     if bits == 4:
-        _w4_gemv_kernel[grid](x, w.packed.view(torch.int32), w.scale, part, N // 4, k_split, x.stride(0),
-                              w.packed.shape[1] // 4, w.scale.stride(0), M * N if splits > 1 else 0, N,
-                              BLOCK_W=block_n // 4, GROUP=group, **meta)
+        if inter:  # the scales: the float32 view of each group's last four rows
+            q, scale, stride_sg = w.words, w.words.view(torch.float32)[:, group // 2:], w.words.stride(0)
+        else:
+            q, scale, stride_sg = w.packed.view(torch.int32), w.scale, w.scale.stride(0)
+        _w4_gemv_kernel[grid](x, q, scale, part, N // 4, k_split, x.stride(0), N // 4, stride_sg,
+                              M * N if splits > 1 else 0, N, BLOCK_W=block_n // 4, GROUP=group, INTERLEAVED=inter,
+                              **meta)
     else:
         _w8_gemv_kernel[grid](x, w.q.view(torch.uint8), w.scale, part, N, K, k_split, x.stride(0), w.q.stride(0),
                               M * N if splits > 1 else 0, N, BLOCK_N=block_n, **meta)
@@ -461,15 +517,22 @@ def w8_gemv(x: torch.Tensor, w: Int8Weight, *, rows: int | None = None, block_n:
                            "num_stages": num_stages})
 
 
-def w4_gemv(x: torch.Tensor, w: Int4Weight, *, rows: int | None = None, block_n: int | None = None,
+def w4_gemv(x: torch.Tensor, w: Int4Weight | Int4Interleaved, *, rows: int | None = None, block_n: int | None = None,
             splits: int | None = None, num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
     """``w4_mm``'s product for the few rows of decode, on the CUDA cores (see the module): [M, N] in x's
-    dtype. ``rows`` (bytes of w per tile, two rows of w each) must be a power of two, 2 * rows dividing the
+    dtype, from w's scales in their own array (``Int4Weight``) or after each group (``Int4Interleaved``).
+    ``rows`` (bytes of w per tile, two rows of w each) must be a power of two, 2 * rows dividing the
     group; N and ``block_n`` multiples of 4."""
-    if not isinstance(w, Int4Weight):
-        raise TypeError(f"w must be an Int4Weight (lib.quant.quantize_int4), got {type(w).__name__}")
-    _check_x(x, w.K, w.packed.device)
-    if not w.packed.is_contiguous() or not w.scale.is_contiguous() or w.scale.dtype != torch.float32:
-        raise ValueError("w.packed must be contiguous and w.scale a contiguous float32 tensor")
+    if isinstance(w, Int4Interleaved):
+        _check_x(x, w.K, w.words.device)
+        if not w.words.is_contiguous() or w.words.dtype != torch.int32:
+            raise ValueError("w.words must be a contiguous int32 tensor (lib.quant.interleave_scales makes it)")
+    elif isinstance(w, Int4Weight):
+        _check_x(x, w.K, w.packed.device)
+        if not w.packed.is_contiguous() or not w.scale.is_contiguous() or w.scale.dtype != torch.float32:
+            raise ValueError("w.packed must be contiguous and w.scale a contiguous float32 tensor")
+    else:
+        raise TypeError(f"w must be an Int4Weight (lib.quant.quantize_int4) or an Int4Interleaved "
+                        f"(lib.quant.interleave_scales), got {type(w).__name__}")
     return _gemv(x, w, 4, {"rows": rows, "block_n": block_n, "splits": splits, "num_warps": num_warps,
                            "num_stages": num_stages})
