@@ -9,7 +9,8 @@ GPU), draws its weights (standard deviation 0.02, in ``dtype``) and, for each fo
 - times it at every row count M of ``params["rows"]`` with ``lib.bench.timing.bench`` (GPU time by
   CUDA-graph replay and call time), over enough copies of the weights to defeat the L2 on a GPU, in
   ``rounds`` interleaved rounds (the formats' order reversed every other round; the median of the rounds'
-  medians is kept).
+  medians is kept). A vendor path ``params["slow"]`` times slower than bf16 at a row count is not timed at
+  more rows of that product (``skipped`` says where).
 
 The formats: "bf16" (``x @ w``, cuBLAS), "int8" (``lib.kernels.quant_gemm.w8_mm``), "int4 gG" for each group
 G of ``params["groups"]`` (``w4_mm``); on a GPU also torch's weight-only paths, "torch int8"
@@ -33,7 +34,9 @@ Chapters: 9.
 
 from __future__ import annotations
 
+import os
 import statistics
+import time
 
 import pandas as pd
 import torch
@@ -43,7 +46,7 @@ from lib.bench import kernel_kinds, timing
 from lib.experiments import require
 from lib.kernels import quant_gemm
 
-PARAMS = ("shapes", "rows", "groups", "dtype", "reps", "target_ms", "rounds", "seed", "tolerance", "step", "kv")
+PARAMS = ("shapes", "rows", "groups", "dtype", "reps", "target_ms", "rounds", "seed", "tolerance", "slow", "step", "kv")
 SHAPES_8B = {"qkv": [4096, 6144], "o": [4096, 4096], "gate_up": [4096, 28672], "down": [14336, 4096]}
 WEIGHT_KINDS = ("gaussian", "outlier channels", "heavy tails")
 
@@ -52,9 +55,9 @@ def sweep(size: str) -> dict:
     """"full": Llama-3-8B's four products in bf16, 1 to 4,096 rows; "smoke": small products in float32 (the
     interpreter's kernels), seconds on a CPU."""
     if size == "full":
-        return {"shapes": SHAPES_8B, "rows": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096],
+        return {"shapes": SHAPES_8B, "rows": [1, 2, 4, 8, 16, 64, 256, 1024, 2048, 4096],
                 "groups": [32, 64, 128, 256], "dtype": "bfloat16", "reps": 5, "target_ms": 1.0, "rounds": 3,
-                "seed": 0, "tolerance": 2e-2,
+                "seed": 0, "tolerance": 2e-2, "slow": 8.0,
                 "step": {"config": "8b", "shapes": [[1, 1024], [16, 1024]], "group": 128, "block": 16,
                          "target_ms": 20.0},
                 "kv": {"Bs": [1, 16], "Ls": [1024, 4096, 16384, 32768, 65536], "H_q": 32, "H_kv": 8, "d": 128,
@@ -62,6 +65,7 @@ def sweep(size: str) -> dict:
     if size == "smoke":
         return {"shapes": {"a": [256, 96], "b": [512, 64]}, "rows": [1, 5], "groups": [32, 128], "dtype": "float32",
                 "reps": 1, "target_ms": 0.2, "rounds": 1, "seed": 0, "tolerance": 1e-4,
+                "slow": 8.0,
                 "step": {"config": "tiny", "shapes": [[1, 12], [2, 12]], "group": 32, "block": 4, "target_ms": 0.2},
                 "kv": {"Bs": [1, 2], "Ls": [40, 100], "H_q": 4, "H_kv": 2, "d": 32, "page": 16, "check_tokens": 200,
                        "tolerance": 1e-4}}
@@ -164,7 +168,8 @@ def measure(params: dict, device: str) -> dict:
         raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
     dtype = getattr(torch, params["dtype"])
     l2 = torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda" else 0
-    rows, checks = [], []
+    rows, checks, skipped, slow, elapsed = [], [], [], set(), {}
+    t0 = time.perf_counter()
     for si, (name, (K, N)) in enumerate(params["shapes"].items()):
         w = weights("gaussian", K, N, seed=params["seed"] + si, device=device).to(dtype)
         copies = timing.rotation(2 * K * N, l2) if l2 else 1
@@ -189,23 +194,37 @@ def measure(params: dict, device: str) -> dict:
             prepared[f.name] = (f, states)
         for M in params["rows"]:
             x = torch.randn(M, K, device=device).to(dtype)
-            times = {n: [] for n in prepared}
-            for r in range(params["rounds"]):
-                order = list(prepared) if r % 2 == 0 else list(reversed(prepared))
-                for n in order:
-                    f, states = prepared[n]
-                    t = timing.bench([lambda s=s, f=f, x=x: f.call(x, s) for s in states], device=device,
-                                     reps=params["reps"], warmup=2, target_ms=params["target_ms"])
-                    times[n].append((t.gpu_us.median, t.call_us.median, t.method))
-            for n, ts in times.items():
-                f = prepared[n][0]
-                gpu = [g for g, _, _ in ts if g == g]
-                rows.append({"shape": name, "K": K, "N": N, "M": M, "format": n, "bytes": f.nbytes(K, N),
-                             "gpu_us": statistics.median(gpu) if gpu else None,
-                             "call_us": statistics.median(c for _, c, _ in ts), "method": ts[0][2]})
+            for n in [n for n in prepared if n in slow]:  # past its limit: not timed at more rows
+                del prepared[n]
+            times = _interleaved_rounds({n: [lambda s=s, f=f, x=x: f.call(x, s) for s in states]
+                                         for n, (f, states) in prepared.items()}, params, device)
+            for n, (gpu, call, method) in times.items():
+                rows.append({"shape": name, "K": K, "N": N, "M": M, "format": n, "bytes": prepared[n][0].nbytes(K, N),
+                             "gpu_us": gpu, "call_us": call, "method": method})
+            _progress(f"{name} M={M}: {time.perf_counter() - t0:.0f} s")
+            t = {r["format"]: r["gpu_us"] or r["call_us"] for r in rows[-len(times):]}
+            for n in times:  # a vendor path many times slower than bf16 is no contender at more rows
+                if prepared[n][0].vendor and t[n] > params["slow"] * t["bf16"]:
+                    slow.add(n)
+                    skipped.append({"shape": name, "format": n, "after_M": M, "over_bf16": t[n] / t["bf16"]})
+        slow = set()
         del ws, prepared
-    return {"rows": rows, "checks": checks, "layouts": measure_layouts(params, device),
-            "errors": errors(params, device), "kv": measure_kv(params, device), "step": measure_step(params, device)}
+    elapsed["formats"] = time.perf_counter() - t0
+    out = {"rows": rows, "checks": checks, "skipped": skipped}
+    for key, part in (("layouts", measure_layouts), ("errors", errors), ("kv", measure_kv), ("step", measure_step)):
+        t0 = time.perf_counter()
+        out[key] = part(params, device)
+        elapsed[key] = time.perf_counter() - t0
+        _progress(f"{key}: {elapsed[key]:.0f} s")
+    return {**out, "elapsed_s": elapsed}
+
+
+def _progress(line: str) -> None:
+    """A line appended to the file ``BOOK_PROGRESS`` names, if set: where a long measurement has got to."""
+    path = os.environ.get("BOOK_PROGRESS")
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
 
 
 def _interleaved_rounds(calls: dict, params: dict, device: str, target_ms: float | None = None) -> dict:
@@ -243,7 +262,7 @@ def measure_layouts(params: dict, device: str) -> list[dict]:
             if not diff <= 1e-6:
                 raise AssertionError(f"int4 g{g} at {name}: the interleaved layout's product differs from the separate "
                                      f"one's by {diff:.3g} of the largest; the layouts hold other values")
-            t = _interleaved_rounds({lay: [lambda s=s: quant_gemm.w4_gemv(x, s) for s in ws]
+            t = _interleaved_rounds({lay: [lambda s=s, x=x: quant_gemm.w4_gemv(x, s) for s in ws]
                                      for lay, ws in (("separate", sep), ("interleaved", inter))}, params, device)
             for lay, (gpu, call, method) in t.items():
                 out.append({"shape": name, "K": K, "N": N, "group": g, "layout": lay, "gpu_us": gpu, "call_us": call,
@@ -297,7 +316,8 @@ def measure_kv(params: dict, device: str) -> dict:
                       for n, c in (("bf16", kc), ("fp8", k8))}
             stores = {"bf16": [(kc, vc)] + [(kc.clone(), vc.clone()) for _ in range(copies["bf16"] - 1)],
                       "fp8": [(k8, v8)] + [(k8.clone(), v8.clone()) for _ in range(copies["fp8"] - 1)]}
-            calls = {n: [lambda p=plans[n], k=k, v=v: p(q, k, v, bt, lens) for k, v in stores[n]] for n in plans}
+            calls = {n: [lambda p=plans[n], k=k, v=v, a=(q, bt, lens): p(a[0], k, v, *a[1:]) for k, v in stores[n]]
+                     for n in plans}
             for n, (gpu, call, method) in _interleaved_rounds(calls, params, device).items():
                 c = stores[n][0][0]
                 rows.append({"B": B, "L": L, "format": n, "gpu_us": gpu, "call_us": call, "method": method,
