@@ -55,7 +55,7 @@ def sweep(size: str) -> dict:
     """"full": Llama-3-8B's four products in bf16, 1 to 4,096 rows; "smoke": small products in float32 (the
     interpreter's kernels), seconds on a CPU."""
     if size == "full":
-        return {"shapes": SHAPES_8B, "rows": [1, 2, 4, 8, 16, 64, 256, 1024, 2048, 4096],
+        return {"shapes": SHAPES_8B, "rows": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096],
                 "groups": [32, 64, 128, 256], "dtype": "bfloat16", "reps": 5, "target_ms": 1.0, "rounds": 3,
                 "seed": 0, "tolerance": 2e-2, "slow": 8.0,
                 "step": {"config": "8b", "shapes": [[1, 1024], [16, 1024]], "group": 128, "block": 16,

@@ -6,8 +6,11 @@ memory. The cache holds K / k_scale and V / v_scale, with one scale per tensor (
 as vLLM's ``kv_cache_dtype="fp8"`` with per-tensor scales). The kernel is ``lib.kernels.decode_attention``'s,
 built from the same pieces, with two changes:
 
-- each K and V tile is converted to q's dtype in registers as it is loaded (the products and the online
-  softmax are unchanged, in q's dtype and float32);
+- each K and V tile is converted in registers as it is loaded, to fp16 for a 16-bit q: on Hopper one
+  instruction turns two e4m3 values into two fp16 ones, while bf16 has no such conversion and costs
+  several instructions per value, enough to make the 8-bit cache slower than the 16-bit one. q (and the
+  probabilities) are converted to fp16 too, once per program: attention's queries lie far inside fp16's
+  range (a float32 q stays float32). The online softmax is unchanged, in float32;
 - k_scale multiplies the softmax scale (q . (k_scale K8) = k_scale (q . K8)) and v_scale the output (the
   output is linear in V), so the scales cost two multiplies per program, nothing per value.
 
@@ -43,12 +46,14 @@ def _decode_fp8_kernel(
     stride_ob, stride_oh,
     G: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_BLOCKS: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, INLINE: tl.constexpr, PREFETCH: tl.constexpr,
-    PER_PAGE: tl.constexpr,
+    PER_PAGE: tl.constexpr, DOT: tl.constexpr,
 ):
-    """``decode_attention._decode_kernel`` with the tiles of K and V loaded as e4m3 and converted to q's
-    dtype; ``scale_log2`` includes k_scale, and the split's sum is multiplied by ``v_scale``."""
+    """``decode_attention._decode_kernel`` with the tiles of K and V loaded as e4m3 and converted to DOT
+    (the products' dtype; q converted to it once); ``scale_log2`` includes k_scale, and the split's sum is
+    multiplied by ``v_scale``."""
     b, pair, kvh, s, seq_len, heads, gmask, dd, q = da._setup(Q, LENS, stride_qb, stride_qh, G, BLOCK_G,
                                                               HEAD_BLOCKS, D)
+    q = q.to(DOT)
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, D], tl.float32)
@@ -60,9 +65,9 @@ def _decode_fp8_kernel(
                                                    PER_PAGE)
         k_off = page * stride_kp + kvh * stride_kh + row * stride_kt
         v_off = page * stride_vp + kvh * stride_vh + row * stride_vt
-        k = tl.load(K + k_off[:, None] + dd[None, :], mask=tmask[:, None], other=0.0).to(q.dtype)
+        k = tl.load(K + k_off[:, None] + dd[None, :], mask=tmask[:, None], other=0.0).to(DOT)
         p, alpha, m, l_sum = da._softmax_step(q, k, m, l_sum, scale_log2, tmask)
-        v = tl.load(V + v_off[:, None] + dd[None, :], mask=tmask[:, None], other=0.0).to(q.dtype)
+        v = tl.load(V + v_off[:, None] + dd[None, :], mask=tmask[:, None], other=0.0).to(DOT)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     acc = acc * v_scale  # the output is linear in V: its scale once, at the end
     da._finish(acc, m, l_sum, Out, PACC, PM, PL, CNT, b, pair, s, heads, gmask, dd, H_Q, H_KV, stride_ob, stride_oh,
@@ -140,6 +145,7 @@ class DecodeAttentionFP8(da.DecodeAttention):
         self.meta = dict(G=G, BLOCK_G=block_g, HEAD_BLOCKS=head_blocks, D=D, PAGE=page, BLOCK_N=block_n,
                          SPLITS=splits, INLINE=self.combine == "inline", PREFETCH=bool(prefetch),
                          PER_PAGE=block_n >= da.PER_PAGE_MIN_PAGES * page and not page & (page - 1))
+        self.meta["DOT"] = tl.float32 if q.dtype == torch.float32 else tl.float16
         self.options = dict(num_warps=num_warps, num_stages=3)
         self.k_scale, self.v_scale = float(k_scale), float(v_scale)
         self.fixed = (*self.workspace, scale * self.k_scale * da.LOG2E, self.v_scale, split_len, H_q, H_kv,
