@@ -104,7 +104,8 @@ class DecodeAttentionFP8(da.DecodeAttention):
     module's kernel; called as ``DecodeAttention`` is."""
 
     def __init__(self, q, k_cache, v_cache, block_table, seq_lens, *, k_scale: float, v_scale: float,
-                 max_seq_len=None, scale=None, check: bool | None = None):
+                 max_seq_len=None, scale=None, block_n: int | None = None, num_warps: int | None = None,
+                 num_splits: int | None = None, check: bool | None = None):
         _check(q, k_cache, v_cache, block_table, seq_lens, k_scale, v_scale)
         B, H_q, D = q.shape
         num_pages, H_kv, page, _ = k_cache.shape
@@ -123,9 +124,14 @@ class DecodeAttentionFP8(da.DecodeAttention):
         block_g = min(da.choose_head_block(B * H_kv, max_len, sms, G), max(16, triton.next_power_of_2(G)))
         head_blocks = triton.cdiv(G, block_g)
         programs = B * H_kv * head_blocks
-        block_n, prefetch, num_warps = da.choose_tile(programs, max_len, sms, G, 1, head_blocks)
+        tile, prefetch, warps = da.choose_tile(programs, max_len, sms, G, 1, head_blocks)
+        block_n = tile if block_n is None else da._power_of_two("block_n", block_n, 16, "the smallest tl.dot")
+        num_warps = warps if num_warps is None else da._power_of_two("num_warps", num_warps, 1, "warps per program")
         waves = 1.0 if da.wide_and_long(G, max_len) else 2.0
-        splits = 1 if head_blocks > 1 else da.choose_splits(programs, max_len, block_n, sms, waves=waves)
+        if num_splits is not None:
+            splits = da._power_of_two("num_splits", num_splits, 1, "the combine loads a head's partials as one block")
+        else:
+            splits = 1 if head_blocks > 1 else da.choose_splits(programs, max_len, block_n, sms, waves=waves)
         self.combine = "inline" if splits <= da.INLINE_MAX_SPLITS else "kernel"
         split_len = triton.cdiv(triton.cdiv(max_len, splits), block_n) * block_n
         scale = D ** -0.5 if scale is None else scale
