@@ -22,7 +22,8 @@ def fp8_case(lens, H_kv, G, D, page, dtype, seed):
 @pytest.mark.parametrize("lens,G,page,sms,combine", [([1, 19, 64, 97], 4, 16, None, "inline"),
                                                      ([700, 1000], 8, 64, None, "inline"),
                                                      ([3000], 4, 16, 132, "kernel"),  # planned for an H200
-                                                     ([40, 7], 32, 8, None, "inline")])
+                                                     ([40, 7], 32, 8, None, "inline"),
+                                                     ([5000], 4, 16, None, "inline")])  # wider tiles
 def test_equals_attention_over_the_dequantized_cache(dtype, lens, G, page, sms, combine, monkeypatch):
     if sms:  # the plan of a GPU of that many SMs: many splits, combined by the second kernel
         monkeypatch.setattr(fp8.launch, "sm_count", lambda device: sms)
@@ -30,6 +31,8 @@ def test_equals_attention_over_the_dequantized_cache(dtype, lens, G, page, sms, 
     ref = da.reference(q, k8.float() * ks, v8.float() * vs, bt, sl, dtype=torch.float64)
     plan = fp8.DecodeAttentionFP8(q, k8, v8, bt, sl, k_scale=ks, v_scale=vs)
     assert plan.combine == combine
+    assert (plan.meta["BLOCK_N"], plan.options["num_warps"]) == (fp8.WIDE_TILE if max(lens) == 5000 else
+                                                                 (plan.meta["BLOCK_N"], plan.options["num_warps"]))
     buf = torch.full((len(lens) + 2, *q.shape[1:]), float("nan"), dtype=dtype)
     out = plan(q, k8, v8, bt, sl, out=buf[1:-1])
     assert torch.isnan(buf[0]).all() and torch.isnan(buf[-1]).all() and not torch.isnan(out).any()
@@ -44,12 +47,21 @@ def test_the_plan_is_the_16_bit_kernels_default(sms, monkeypatch):
     # short, long, one request and many: the same tile, warps, splits, head blocks and combine
     if sms:
         monkeypatch.setattr(fp8.launch, "sm_count", lambda device: sms)
-    for lens, G, page in (([1, 19, 64, 97], 4, 16), ([3000], 4, 16), ([40, 7], 32, 8), ([5000] * 3, 8, 16)):
+    seen = set()
+    for lens, G, page in (([1, 19, 64, 97], 4, 16), ([3000], 4, 16), ([40, 7], 32, 8), ([5000] * 3, 8, 16),
+                          ([4096] * 40, 4, 16)):
         q, k8, v8, ks, vs, bt, sl = fp8_case(lens, 2, G, 32, page, torch.float16, seed=1)
         mine = fp8.DecodeAttentionFP8(q, k8, v8, bt, sl, k_scale=ks, v_scale=vs)
         ref = da.DecodeAttention(q, k8.half(), v8.half(), bt, sl)
         mine_meta = {k: v for k, v in mine.meta.items() if k != "DOT"}  # the products' dtype: this kernel's own
+        wide = fp8.wider_tiles(ref.meta["BLOCK_N"], ref.options["num_warps"], -(-max(lens) // ref.splits))
+        if wide:  # the one departure: wider tiles over long splits
+            assert (mine.meta["BLOCK_N"], mine.options["num_warps"]) == fp8.WIDE_TILE
+            mine_meta["BLOCK_N"], mine_meta["PER_PAGE"] = ref.meta["BLOCK_N"], ref.meta["PER_PAGE"]
+            mine.options = {**mine.options, "num_warps": ref.options["num_warps"]}
         assert (mine_meta, mine.options, mine.grid, mine.combine) == (ref.meta, ref.options, ref.grid, ref.combine)
+        seen.add(wide)
+    assert seen == {True, False} or sms is None  # planned for an H200, both kinds of plan occur
 
 
 def test_round_trip_of_the_quantizer():
