@@ -123,6 +123,7 @@ def test_speedups_and_where_one_format_overtakes_another_by_hand():
     assert qx.speedup_min(df, "int4 g128", 1) == 2.0  # 10 / 4 and 20 / 10
     assert qx.speedup_min(df, "int4 g128", 16) == 0.8  # 20 / 25
     assert qx.speedup_min(df, "int8", 1) != qx.speedup_min(df, "int8", 1)  # not timed: NaN
+    assert qx.speedup_max(df, "int4 g128", 1) == 2.5 and qx.speedup_max(df, "int4 g128", 16) == 1.25  # 10 / 8
     assert qx.first_rows_faster(df, "fp8", "int4 g128") == 16.0  # at M = 1 shape a's int4 is faster
     assert qx.first_rows_faster(df, "int4 g128", "fp8") != qx.first_rows_faster(df, "int4 g128", "fp8")  # never from on
 

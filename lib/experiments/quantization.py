@@ -518,3 +518,9 @@ def kv_speedup_min(table: pd.DataFrame, from_L: int) -> float:
     """The fp8 cache's least speedup over contexts of at least ``from_L`` tokens, every batch (NaN if none)."""
     s = table[table["L"] >= from_L]["speedup"]
     return float(s.min()) if len(s) else float("nan")
+
+
+def speedup_max(df, fmt: str, M: int) -> float:
+    """The largest speedup of ``fmt`` over bf16 at M rows over the shapes (NaN where it was not timed)."""
+    s = df[(df["format"] == fmt) & (df["M"] == M)]["speedup"]
+    return float(s.max()) if len(s) else float("nan")

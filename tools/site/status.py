@@ -75,6 +75,12 @@ HEADLINES = [
     ("08-serving-engine", "sim_vs_engine_tpot_p95_err_max",
      "chapter 6's simulator with step costs fitted to the engine's other runs: largest |simulated / measured - 1| "
      "of TPOT P95 over five open-loop runs", "-"),
+    ("09-quantization", "int4_g128_speedup_m1_min",
+     "int4 weights (groups of 128), one row, Llama-3-8B's layer products: least speedup over bf16 cuBLAS", "x"),
+    ("09-quantization", "step_int4_speedup_b1",
+     "decode step of Llama-3-8B's shapes, batch 1, int4 weights: speedup over the bf16 step", "x"),
+    ("09-quantization", "fp8_kv_speedup_16k_min",
+     "decode attention over an FP8 KV cache, contexts from 16k tokens: least speedup over the bf16 cache", "x"),
 ]
 
 
