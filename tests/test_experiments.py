@@ -16,13 +16,15 @@ from lib.experiments import (
     machine,
     matrix_shapes,
     prefix_caching,
+    quantization,
     roofline,
     serving_engine,
 )
 
 EXPERIMENTS = {"00-the-machine": machine, "01-matrix-shapes": matrix_shapes, "02-roofline": roofline,
                "03-kv-cache": kv_cache, "04-grouped-gemm": grouped_gemm, "05-prefix-caching": prefix_caching,
-               "06-batching": batching, "07-decode-step": decode_step, "08-serving-engine": serving_engine}
+               "06-batching": batching, "07-decode-step": decode_step, "08-serving-engine": serving_engine,
+               "09-quantization": quantization}
 
 
 @pytest.mark.parametrize("notebook", sorted(EXPERIMENTS))
