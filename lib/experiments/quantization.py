@@ -90,11 +90,12 @@ def weights(kind: str, K: int, N: int, *, seed: int, device: str) -> torch.Tenso
 class Format:
     """One way of storing w and multiplying by it: ``prepare(w)`` gives the stored form, ``call(x, s)`` the
     product, ``effective(s)`` the float32 weights the product uses (what it is checked against), ``nbytes``
-    the bytes it reads per product."""
+    the bytes it reads per product; ``rounds_x(x)``, for a path that also quantizes x (W8A8), the x its
+    product uses."""
 
-    def __init__(self, name, prepare, call, effective, nbytes, vendor=False):
+    def __init__(self, name, prepare, call, effective, nbytes, vendor=False, rounds_x=None):
         self.name, self.prepare, self.call, self.effective, self.nbytes = name, prepare, call, effective, nbytes
-        self.vendor = vendor
+        self.vendor, self.rounds_x = vendor, rounds_x
 
 
 def formats(params: dict, device: str) -> list[Format]:
@@ -110,7 +111,7 @@ def formats(params: dict, device: str) -> list[Format]:
         out += [Format("torch int8", _torch_int8, _torch_int8_mm, lambda s: s[2], lambda K, N: K * N + 2 * N, True),
                 Format("torch int4 g128", _torch_int4, _torch_int4_mm, lambda s: s[3],
                        lambda K, N: K * N // 2 + 4 * (K // 128) * N, True),
-                Format("fp8", _fp8, _fp8_mm, lambda s: s[2], lambda K, N: K * N, True)]
+                Format("fp8", _fp8, _fp8_mm, lambda s: s[2], lambda K, N: K * N, True, rounds_x=_fp8_x)]
     return out
 
 
@@ -143,19 +144,32 @@ def _fp8(w):
     return w8.t().contiguous().t(), scale, w8.float() * scale  # column-major, as cuBLASLt takes the second operand
 
 
+def _fp8_quantize_x(x):
+    """x in e4m3 with one scale, as a W8A8 layer quantizes its input: (x8, scale)."""
+    xs = (x.abs().amax().float() / 448.0).clamp(min=1e-12)
+    return (x.float() / xs).to(torch.float8_e4m3fn), xs
+
+
+def _fp8_x(x):
+    """x as ``_fp8_mm`` rounds it, back in float32."""
+    x8, xs = _fp8_quantize_x(x)
+    return x8.float() * xs
+
+
 def _fp8_mm(x, s):
     """x quantized to e4m3 with one scale (part of the call: a W8A8 layer does it), rows padded to 16."""
     M = x.shape[0]
-    xs = (x.abs().amax().float() / 448.0).clamp(min=1e-12)
-    x8 = (x.float() / xs).to(torch.float8_e4m3fn)
+    x8, xs = _fp8_quantize_x(x)
     if M % 16:
         x8 = torch.cat([x8, x8.new_zeros(16 - M % 16, x8.shape[1])])
     return torch._scaled_mm(x8, s[0], scale_a=xs, scale_b=s[1], out_dtype=torch.bfloat16)[:M]
 
 
 def check(fmt: Format, x: torch.Tensor, state) -> float:
-    """Relative error of the format's product against x @ its own effective weights in float64."""
-    ref = x.double() @ fmt.effective(state).double()
+    """Relative error of the format's product against x @ its own effective weights in float64 (x as the
+    format rounds it, for a path that quantizes x too)."""
+    xe = fmt.rounds_x(x) if fmt.rounds_x is not None else x
+    ref = xe.double() @ fmt.effective(state).double()
     y = fmt.call(x, state)
     return float((y.double() - ref).norm() / ref.norm())
 
