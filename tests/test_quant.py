@@ -319,3 +319,31 @@ def test_interleaving_refuses_what_it_cannot_store():
         quant.interleave_scales(quant.quantize_int8(torch.randn(64, 8)))
     with pytest.raises(TypeError, match="Int4Interleaved"):
         qg.w4_gemv(torch.randn(1, 64), torch.randn(64, 8))
+
+
+# ---------------------------------------------------------------------------- many rows: dequantize, then the 16-bit product
+
+@pytest.mark.parametrize("group", [32, 128])
+def test_dequantize_kernel_equals_the_containers(group):
+    g = torch.Generator().manual_seed(group)
+    w = torch.randn(256, 200, generator=g) * 0.02  # N = 200: the last column block masked
+    q4, q8 = quant.quantize_int4(w, group), quant.quantize_int8(w)
+    for qw in (q4, q8):
+        assert torch.equal(qg.dequantize(qw, torch.float32), qw.dequantize(torch.float32))  # exact in float32
+        assert torch.equal(qg.dequantize(qw, torch.float16), qw.dequantize(torch.float16))
+    with pytest.raises(TypeError, match="Int8Weight or an Int4Weight"):
+        qg.dequantize(w, torch.float16)
+
+
+def test_many_rows_go_to_the_dequantized_product():
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(qg.DEQUANT_ROWS, 128, generator=g), torch.randn(128, 64, generator=g) * 0.02
+    q4 = quant.quantize_int4(w, 32)
+    assert qg.dequant_rows(qg.DEQUANT_ROWS) and not qg.dequant_rows(qg.DEQUANT_ROWS - 1)
+    ref = x.double() @ q4.dequantize(torch.float64)
+    assert _rel_err(qg.w4_mm(x, q4), ref) < 1e-6
+    assert torch.equal(qg.w4_mm(x, q4), x @ q4.dequantize(torch.float32))  # the same product, cuBLAS's (here torch's)
+    q8 = quant.quantize_int8(w)
+    assert torch.equal(qg.w8_mm(x, q8), x @ q8.dequantize(torch.float32))
+    # a launch parameter keeps the fused kernel
+    assert _rel_err(qg.w4_mm(x, q4, block_n=32), ref) < 1e-5

@@ -34,6 +34,10 @@ byte with its sign bit flipped, OR'd into the bits of 2^23, is the float 2^23 + 
 subtraction makes it q. The products accumulate element by element in a [rows, columns] tile of float32,
 summed over K once, at the end.
 
+For many rows (``dequant_rows``: prefill's) both hand the product to the 16-bit GEMM: ``dequantize`` writes
+the weights in x's dtype with one kernel, and cuBLAS multiplies. Converting once per call costs less than
+converting once per block of rows.
+
 Chapter: 9.
 """
 
@@ -337,6 +341,50 @@ def _w8_gemv_kernel(X, Q, S, P, N, K, K_SPLIT, stride_xm, stride_qk, stride_ps, 
 _MAGIC = {torch.bfloat16: (0x4308, 136.0), torch.float16: (0x6408, 1032.0), torch.float32: (0, 0.0)}
 
 
+@triton.jit
+def _dequant_kernel(Q, S, W, K, N, stride_qk, stride_sg, stride_wk, GROUP, BITS: tl.constexpr,
+                    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Rows [BLOCK_K program_id(0), + BLOCK_K) and columns [BLOCK_N program_id(1), + BLOCK_N) of the
+    weights, written in W's dtype: int8 q [K, N] times the column scales S [N] (BITS 8), or int4 packed
+    bytes [K / 2, N] times the group scales S [K / GROUP, N] (BITS 4; a tile lies in one group)."""
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = rn < N
+    if BITS == 8:
+        rk = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
+        mask = (rk < K)[:, None] & nmask[None, :]
+        q = tl.load(Q + rk[:, None] * stride_qk + rn[None, :], mask=mask, other=0).to(tl.float32)
+        s = tl.load(S + rn, mask=nmask, other=0.0)
+        tl.store(W + rk[:, None] * stride_wk + rn[None, :], (q * s[None, :]).to(W.dtype.element_ty), mask=mask)
+    else:
+        k0 = tl.program_id(0) * BLOCK_K
+        rb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        mask = (rb < K // 2)[:, None] & nmask[None, :]
+        b = tl.load(Q + rb[:, None] * stride_qk + rn[None, :], mask=mask, other=0).to(tl.int32)
+        s = tl.load(S + (k0 // GROUP) * stride_sg + rn, mask=nmask, other=0.0)[None, :]
+        lo = (((b & 0xF) ^ 8) - 8).to(tl.float32) * s  # the low nibble, sign-extended: row 2i
+        hi = ((((b >> 4) & 0xF) ^ 8) - 8).to(tl.float32) * s  # the high nibble: row 2i + 1
+        out = W + (2 * rb)[:, None] * stride_wk + rn[None, :]
+        tl.store(out, lo.to(W.dtype.element_ty), mask=mask)
+        tl.store(out + stride_wk, hi.to(W.dtype.element_ty), mask=mask)
+
+
+def dequantize(w: Int8Weight | Int4Weight, dtype: torch.dtype) -> torch.Tensor:
+    """The weights [K, N] in ``dtype``, written by one kernel from the stored integers and scales (reads the
+    stored bytes once, writes 2 or 4 bytes a weight): what a product of many rows multiplies by."""
+    if isinstance(w, Int8Weight):
+        (K, N), q, s, group, bits, block_k = w.q.shape, w.q, w.scale, 1, 8, 32
+    elif isinstance(w, Int4Weight):
+        K, N, q, s, group, bits = w.K, w.packed.shape[1], w.packed, w.scale, w.group, 4
+        block_k = min(32, group)
+    else:
+        raise TypeError(f"w must be an Int8Weight or an Int4Weight (lib.quant), got {type(w).__name__}")
+    out = torch.empty(K, N, device=q.device, dtype=dtype)
+    grid = (triton.cdiv(K, block_k), triton.cdiv(N, 128))
+    _dequant_kernel[grid](q, s, out, K, N, q.stride(0), s.stride(0) if bits == 4 else 0, out.stride(0), group,
+                          BITS=bits, BLOCK_K=block_k, BLOCK_N=128, num_warps=4)
+    return out
+
+
 def choose_config(M: int, N: int, K: int, sms: int, *, block_k: int = 64) -> dict:
     """Tiles of ``block_k`` rows of w, columns in blocks of 64 (128 for N >= 16384), rows of x in blocks of
     16 (M <= 16) or 64, and the fewest splits of K (powers of two, slices of at least four tiles) that launch
@@ -395,6 +443,17 @@ def _config(x, N, K, block_k, splits, block_n, num_warps, num_stages, *, masked_
     return cfg
 
 
+DEQUANT_ROWS = 32
+
+
+def dequant_rows(M: int) -> bool:
+    """Whether ``w8_mm`` and ``w4_mm`` dequantize the weights and hand M rows to the bf16 product
+    (``dequantize``, then cuBLAS): from ``DEQUANT_ROWS`` rows, where the extra write and read of the
+    16-bit weights (about 2.5 bytes a weight) cost less than converting every weight once per block of 16
+    or 64 rows (on the H200, the fused int4 kernel ran at 0.16 of bf16's speed at 32 rows)."""
+    return M >= DEQUANT_ROWS
+
+
 def gemv_rows(M: int) -> bool:
     """Whether ``w8_mm`` and ``w4_mm`` hand M rows to the GEMV: one row (on the H200 the GEMV took 0.4 to
     0.6 of the tensor-core kernel's time at one row and was slower at four)."""
@@ -405,7 +464,8 @@ def w8_mm(x: torch.Tensor, w: Int8Weight, *, splits: int | None = None, block_k:
           num_warps: int | None = None, num_stages: int | None = None, swap: bool = False,
           gemv: bool | None = None) -> torch.Tensor:
     """x [M, K] @ (w.q * w.scale) [K, N], the int8 weights dequantized in registers: [M, N] in x's dtype.
-    ``gemv`` None: ``w8_gemv`` where ``gemv_rows`` says so and no tensor-core launch parameter is given."""
+    ``gemv`` None: ``w8_gemv`` where ``gemv_rows`` says so and no tensor-core launch parameter is given;
+    with no launch parameter, ``dequantize`` and the 16-bit product where ``dequant_rows`` says so."""
     if not isinstance(w, Int8Weight):
         raise TypeError(f"w must be an Int8Weight (lib.quant.quantize_int8), got {type(w).__name__}")
     tc = (splits, block_n, num_warps, num_stages) != (None,) * 4 or swap or block_k != 64
@@ -413,6 +473,8 @@ def w8_mm(x: torch.Tensor, w: Int8Weight, *, splits: int | None = None, block_k:
         return w8_gemv(x, w)
     K, N = w.q.shape
     _check_x(x, K, w.q.device)
+    if not tc and not gemv and dequant_rows(x.shape[0]):
+        return x @ dequantize(w, x.dtype)
     if not w.q.is_contiguous() or not w.scale.is_contiguous() or w.scale.dtype != torch.float32:
         raise ValueError("w.q must be contiguous and w.scale a contiguous float32 vector")
     cfg = _config(x, N, K, block_k, splits, block_n, num_warps, num_stages, masked_tail=True)
@@ -435,6 +497,8 @@ def w4_mm(x: torch.Tensor, w: Int4Weight, *, splits: int | None = None, block_k:
         return w4_gemv(x, w)
     K, N = w.K, w.packed.shape[1]
     _check_x(x, K, w.packed.device)
+    if not tc and not gemv and dequant_rows(x.shape[0]):
+        return x @ dequantize(w, x.dtype)
     block_k = block_k or min(64, w.group)
     if w.group % block_k or block_k % 2:
         raise ValueError(f"block_k={block_k} must be even and divide the group of {w.group} rows")
