@@ -206,3 +206,10 @@ def test_a_path_that_rounds_x_is_checked_against_the_x_it_uses():
     unrounded = qx.Format("w8a8", qx._fp8, emulated, lambda s: s[2], lambda K, N: K * N)
     assert qx.check(own, x, state) < 1e-6
     assert 0.005 < qx.check(unrounded, x, state) < 0.05
+
+
+def test_every_timed_point_keeps_its_rounds(smoke):
+    p, d = smoke
+    for r in d["rows"] + d["layouts"] + d["kv"]["rows"]:
+        assert len(r["call_us_rounds"]) == p["rounds"] and r["call_us"] == sorted(r["call_us_rounds"])[p["rounds"] // 2]
+    assert all(len(r["gpu_us_rounds"]) == p["rounds"] for r in d["step"])
