@@ -347,3 +347,16 @@ def test_many_rows_go_to_the_dequantized_product():
     assert torch.equal(qg.w8_mm(x, q8), x @ q8.dequantize(torch.float32))
     # a launch parameter keeps the fused kernel
     assert _rel_err(qg.w4_mm(x, q4, block_n=32), ref) < 1e-5
+
+
+@pytest.mark.parametrize("splits", [2, 4])
+def test_inline_sum_of_the_slices_equals_the_second_launch(splits):
+    # the last slice of each block of columns adds the slices' sums in the same order as _sum_splits_kernel:
+    # the same bits; a second call finds every count back at zero
+    g = torch.Generator().manual_seed(splits)
+    x, w = torch.randn(2, 512, generator=g), torch.randn(512, 200, generator=g) * 0.02
+    qw = quant.quantize_int4(w, 64)
+    two = qg.w4_gemv(x, qw, splits=splits, rows=16, block_n=64)
+    for _ in range(2):
+        assert torch.equal(qg.w4_gemv(x, qw, splits=splits, rows=16, block_n=64, inline_sum=True), two)
+    assert all(int(c.abs().sum()) == 0 for c in qg._COUNTERS.values())

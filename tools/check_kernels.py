@@ -375,6 +375,10 @@ def _quant_calls(rec: Recorder) -> None:
                 rec.label = f"chapter 9: int4 GEMV g={g} M={M} K={K} N={N}"
                 quant_gemm.w4_gemv(x, quant.Int4Weight(_meta(K // 2, N, dtype=torch.uint8),
                                                        _meta(K // g, N, dtype=torch.float32), g))
+                rec.label = f"chapter 9: int4 GEMV, slices summed inline, g={g} M={M} K={K} N={N}"
+                quant_gemm.w4_gemv(x, quant.Int4Weight(_meta(K // 2, N, dtype=torch.uint8),
+                                                       _meta(K // g, N, dtype=torch.float32), g), splits=4,
+                                   inline_sum=True)
                 rec.label = f"chapter 9: int4 GEMV, scales interleaved, g={g} M={M} K={K} N={N}"
                 quant_gemm.w4_gemv(x, quant.Int4Interleaved(_meta(K // g, g // 2 + 4, N // 4, dtype=torch.int32), g))
     from lib.experiments import quantization

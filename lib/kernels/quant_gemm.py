@@ -252,8 +252,9 @@ def _w4_pair(lo, hi, xe, xo, c, s, acc):
 
 
 @triton.jit
-def _w4_gemv_kernel(X, Q, S, P, N4, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_ps, stride_pm,
-                    BLOCK_W: tl.constexpr, ROWS: tl.constexpr, GROUP: tl.constexpr, INTERLEAVED: tl.constexpr):
+def _w4_gemv_kernel(X, Q, S, P, Out, CNT, N4, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_ps, stride_pm,
+                    BLOCK_W: tl.constexpr, ROWS: tl.constexpr, GROUP: tl.constexpr, INTERLEAVED: tl.constexpr,
+                    SPLITS: tl.constexpr = 1, INLINE: tl.constexpr = False):
     """Row program_id(2) of x times 4 * BLOCK_W columns of w over slice program_id(1) of K. Q is the packed
     bytes read as 32-bit words [K / 2, N / 4]: word c of byte row i holds columns 4c..4c + 3 of rows 2i
     (low nibbles) and 2i + 1 (high); a tile of ROWS byte rows lies in one group.
@@ -263,7 +264,9 @@ def _w4_gemv_kernel(X, Q, S, P, N4, K_SPLIT, stride_xm, stride_qk, stride_sg, st
     2^(149 - b - 64) makes the product u x 2^-64, and 8 x 2^-64 less is q x 2^-64; the sums are scaled by
     2^64 at the end (x may reach 2^42 in magnitude before x 2^85 overflows). Bytes 2 and 3 are shifted
     down to bytes 0 and 1 (bit 23 is a float's exponent). INTERLEAVED: Q and S are one ``Int4Interleaved``,
-    each group's four rows of scales after its rows of words."""
+    each group's four rows of scales after its rows of words. INLINE: each slice writes its float32 sums to
+    P, and the last of the SPLITS slices of a block of columns to arrive (an atomic count in CNT) adds
+    them and writes Out, instead of a second launch."""
     m = tl.program_id(2)
     rw = tl.program_id(0) * BLOCK_W + tl.arange(0, BLOCK_W)
     wmask = rw < N4
@@ -303,6 +306,33 @@ def _w4_gemv_kernel(X, Q, S, P, N4, K_SPLIT, stride_xm, stride_qk, stride_sg, st
     tl.store(out + 1, (tl.sum(acc1, axis=0) * 18446744073709551616.0).to(ty), mask=wmask)
     tl.store(out + 2, (tl.sum(acc2, axis=0) * 18446744073709551616.0).to(ty), mask=wmask)
     tl.store(out + 3, (tl.sum(acc3, axis=0) * 18446744073709551616.0).to(ty), mask=wmask)
+    if INLINE:
+        _sum_if_last(P, Out, CNT + m * tl.num_programs(0) + tl.program_id(0), m * stride_pm + 4 * rw, wmask,
+                     stride_ps, BLOCK_W, SPLITS)
+
+
+@triton.jit
+def _sum_if_last(P, Out, cnt, offs, mask, stride_ps, BLOCK_W: tl.constexpr, SPLITS: tl.constexpr):
+    """The last of SPLITS programs to count itself in at ``cnt`` adds the SPLITS partials at ``offs`` (+0..3)
+    of P and writes the sums to Out at the same offsets, then resets the count. The atomic is acq_rel: each
+    program's partials are visible before its count, so the last one reads them all."""
+    if tl.atomic_add(cnt, 1) == SPLITS - 1:
+        t0 = tl.zeros([BLOCK_W], tl.float32)
+        t1 = tl.zeros([BLOCK_W], tl.float32)
+        t2 = tl.zeros([BLOCK_W], tl.float32)
+        t3 = tl.zeros([BLOCK_W], tl.float32)
+        for i in tl.static_range(SPLITS):
+            pi = P + i * stride_ps + offs
+            t0 += tl.load(pi, mask=mask, other=0.0, cache_modifier=".cg")
+            t1 += tl.load(pi + 1, mask=mask, other=0.0, cache_modifier=".cg")
+            t2 += tl.load(pi + 2, mask=mask, other=0.0, cache_modifier=".cg")
+            t3 += tl.load(pi + 3, mask=mask, other=0.0, cache_modifier=".cg")
+        ty = Out.dtype.element_ty
+        tl.store(Out + offs, t0.to(ty), mask=mask)
+        tl.store(Out + offs + 1, t1.to(ty), mask=mask)
+        tl.store(Out + offs + 2, t2.to(ty), mask=mask)
+        tl.store(Out + offs + 3, t3.to(ty), mask=mask)
+        tl.atomic_xchg(cnt, 0)  # ready for the next call
 
 
 @triton.jit
@@ -530,6 +560,17 @@ def choose_gemv_config(M: int, N: int, K: int, sms: int, *, bits: int, group: in
     return {"rows": rows, "block_n": block_n, "splits": splits, "num_warps": 4 if bits == 4 else 8, "num_stages": 1}
 
 
+_COUNTERS: dict = {}
+
+
+def _counters(device, n: int) -> torch.Tensor:
+    """n int32 arrival counts on ``device``, zero between calls (the last program of a block resets its own)."""
+    key = (torch.device(device), n)
+    if key not in _COUNTERS:
+        _COUNTERS[key] = torch.zeros(n, device=device, dtype=torch.int32)
+    return _COUNTERS[key]
+
+
 def _gemv(x, w, bits: int, given: dict) -> torch.Tensor:
     M = x.shape[0]
     inter = isinstance(w, Int4Interleaved)
@@ -558,9 +599,13 @@ def _gemv(x, w, bits: int, given: dict) -> torch.Tensor:
             q, scale, stride_sg = w.words, w.words.view(torch.float32)[:, group // 2:], w.words.stride(0)
         else:
             q, scale, stride_sg = w.packed.view(torch.int32), w.scale, w.scale.stride(0)
-        _w4_gemv_kernel[grid](x, q, scale, part, N // 4, k_split, x.stride(0), N // 4, stride_sg,
+        inline = bool(cfg.get("inline_sum")) and splits > 1
+        cnt = _counters(x.device, grid[0] * M) if inline else part
+        _w4_gemv_kernel[grid](x, q, scale, part, out, cnt, N // 4, k_split, x.stride(0), N // 4, stride_sg,
                               M * N if splits > 1 else 0, N, BLOCK_W=block_n // 4, GROUP=group, INTERLEAVED=inter,
-                              **meta)
+                              SPLITS=splits, INLINE=inline, **meta)
+        if inline:
+            return out
     else:
         _w8_gemv_kernel[grid](x, w.q.view(torch.uint8), w.scale, part, N, K, k_split, x.stride(0), w.q.stride(0),
                               M * N if splits > 1 else 0, N, BLOCK_N=block_n, **meta)
@@ -582,11 +627,13 @@ def w8_gemv(x: torch.Tensor, w: Int8Weight, *, rows: int | None = None, block_n:
 
 
 def w4_gemv(x: torch.Tensor, w: Int4Weight | Int4Interleaved, *, rows: int | None = None, block_n: int | None = None,
-            splits: int | None = None, num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+            splits: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+            inline_sum: bool | None = None) -> torch.Tensor:
     """``w4_mm``'s product for the few rows of decode, on the CUDA cores (see the module): [M, N] in x's
     dtype, from w's scales in their own array (``Int4Weight``) or after each group (``Int4Interleaved``).
     ``rows`` (bytes of w per tile, two rows of w each) must be a power of two, 2 * rows dividing the
-    group; N and ``block_n`` multiples of 4."""
+    group; N and ``block_n`` multiples of 4. ``inline_sum``: with splits of K, the last slice of each block of
+    columns adds the slices' sums (no second launch)."""
     if isinstance(w, Int4Interleaved):
         _check_x(x, w.K, w.words.device)
         if not w.words.is_contiguous() or w.words.dtype != torch.int32:
@@ -599,4 +646,4 @@ def w4_gemv(x: torch.Tensor, w: Int4Weight | Int4Interleaved, *, rows: int | Non
         raise TypeError(f"w must be an Int4Weight (lib.quant.quantize_int4) or an Int4Interleaved "
                         f"(lib.quant.interleave_scales), got {type(w).__name__}")
     return _gemv(x, w, 4, {"rows": rows, "block_n": block_n, "splits": splits, "num_warps": num_warps,
-                           "num_stages": num_stages})
+                           "num_stages": num_stages, "inline_sum": inline_sum})
