@@ -360,3 +360,20 @@ def test_inline_sum_of_the_slices_equals_the_second_launch(splits):
     for _ in range(2):
         assert torch.equal(qg.w4_gemv(x, qw, splits=splits, rows=16, block_n=64, inline_sum=True), two)
     assert all(int(c.abs().sum()) == 0 for c in qg._COUNTERS.values())
+
+
+def test_int4_launch_at_decodes_rows_by_hand():
+    # int4 at up to 16 rows: blocks of 256 columns, the weights as the first operand, and the fewest splits
+    # (slices of at least four tiles) that launch 1.5 programs per SM: O (4096 x 4096) on 132 SMs has 16
+    # blocks of columns and takes 16 splits (256 programs); gate-up (N = 28672) 112 blocks and 2 splits
+    o = qg.choose_config(16, 4096, 4096, 132, int4=True)
+    assert (o["block_n"], o["swap"], o["splits"]) == (256, True, 16)
+    assert qg.choose_config(16, 28672, 4096, 132, int4=True)["splits"] == 2
+    assert not qg.choose_config(17, 4096, 4096, 132, int4=True)["swap"]  # past 16 rows: the general launch
+    assert not qg.choose_config(16, 4096, 4096, 132)["swap"]  # int8 keeps it
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(3, 256, generator=g), torch.randn(256, 64, generator=g) * 0.02
+    q4 = quant.quantize_int4(w, 64)
+    ref = x.double() @ q4.dequantize(torch.float64)
+    assert _rel_err(qg.w4_mm(x, q4), ref) < 1e-6  # the swapped default, checked
+    assert torch.allclose(qg.w4_mm(x, q4), qg.w4_mm(x, q4, swap=False), rtol=1e-5, atol=1e-6)
