@@ -92,6 +92,10 @@ def test_bad_input_is_refused():
         fp8.decode_attention_fp8(q[..., :8], k8[..., :8], v8[..., :8], bt, sl, k_scale=ks, v_scale=vs)
     with pytest.raises(TypeError, match="int32"):
         fp8.decode_attention_fp8(q, k8, v8, bt.long(), sl, k_scale=ks, v_scale=vs)
+    with pytest.raises(ValueError, match="num_stages"):
+        fp8.DecodeAttentionFP8(q, k8, v8, bt, sl, k_scale=ks, v_scale=vs, num_stages=0)
+    with pytest.raises(ValueError, match="block_n"):
+        fp8.DecodeAttentionFP8(q, k8, v8, bt, sl, k_scale=ks, v_scale=vs, block_n=24)
     plan = fp8.DecodeAttentionFP8(q, k8, v8, bt, sl, k_scale=ks, v_scale=vs)
     with pytest.raises(ValueError, match="planned"):
         plan(q.repeat(2, 1, 1), k8, v8, bt.repeat(2, 1), sl.repeat(2))

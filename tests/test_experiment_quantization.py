@@ -191,3 +191,25 @@ def test_kv_cache_and_scale_layouts_are_checked_and_timed(smoke):
     lay = {(r["shape"], r["group"], r["layout"]) for r in d["layouts"]}
     assert lay == {(s, g, x) for s in p["shapes"] for g in p["groups"] for x in ("separate", "interleaved")}
     assert all(r["max_rel_diff"] == 0.0 for r in d["layouts"])  # the same values in another order
+
+
+def test_a_path_that_rounds_x_is_checked_against_the_x_it_uses():
+    # an emulated W8A8 product (x and w rounded to e4m3): exact against its own x and weights, and about
+    # e4m3's step off the product with x unrounded, which is what the check compared before
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(4, 256, generator=g), torch.randn(256, 64, generator=g) * 0.02
+    state = qx._fp8(w)
+    emulated = lambda x, s: qx._fp8_x(x) @ s[2]  # noqa: E731
+    own = qx.Format("w8a8", qx._fp8, emulated, lambda s: s[2], lambda K, N: K * N, rounds_x=qx._fp8_x)
+    unrounded = qx.Format("w8a8", qx._fp8, emulated, lambda s: s[2], lambda K, N: K * N)
+    assert qx.check(own, x, state) < 1e-6
+    assert 0.005 < qx.check(unrounded, x, state) < 0.05
+
+
+def test_every_timed_point_keeps_its_rounds(smoke):
+    p, d = smoke
+    for r in d["rows"] + d["layouts"] + d["kv"]["rows"]:
+        assert len(r["call_us_rounds"]) == p["rounds"] and r["call_us"] == sorted(r["call_us_rounds"])[p["rounds"] // 2]
+    assert all(len(r["gpu_us_rounds"]) == p["rounds"] for r in d["step"])

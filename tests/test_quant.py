@@ -319,3 +319,61 @@ def test_interleaving_refuses_what_it_cannot_store():
         quant.interleave_scales(quant.quantize_int8(torch.randn(64, 8)))
     with pytest.raises(TypeError, match="Int4Interleaved"):
         qg.w4_gemv(torch.randn(1, 64), torch.randn(64, 8))
+
+
+# ---------------------------------------------------------------------------- many rows: dequantize, then the 16-bit product
+
+@pytest.mark.parametrize("group", [32, 128])
+def test_dequantize_kernel_equals_the_containers(group):
+    g = torch.Generator().manual_seed(group)
+    w = torch.randn(256, 200, generator=g) * 0.02  # N = 200: the last column block masked
+    q4, q8 = quant.quantize_int4(w, group), quant.quantize_int8(w)
+    for qw in (q4, q8):
+        assert torch.equal(qg.dequantize(qw, torch.float32), qw.dequantize(torch.float32))  # exact in float32
+        assert torch.equal(qg.dequantize(qw, torch.float16), qw.dequantize(torch.float16))
+    with pytest.raises(TypeError, match="Int8Weight or an Int4Weight"):
+        qg.dequantize(w, torch.float16)
+
+
+def test_many_rows_go_to_the_dequantized_product():
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(qg.DEQUANT_ROWS, 128, generator=g), torch.randn(128, 64, generator=g) * 0.02
+    q4 = quant.quantize_int4(w, 32)
+    assert qg.dequant_rows(qg.DEQUANT_ROWS) and not qg.dequant_rows(qg.DEQUANT_ROWS - 1)
+    ref = x.double() @ q4.dequantize(torch.float64)
+    assert _rel_err(qg.w4_mm(x, q4), ref) < 1e-6
+    assert torch.equal(qg.w4_mm(x, q4), x @ q4.dequantize(torch.float32))  # the same product, cuBLAS's (here torch's)
+    q8 = quant.quantize_int8(w)
+    assert torch.equal(qg.w8_mm(x, q8), x @ q8.dequantize(torch.float32))
+    # a launch parameter keeps the fused kernel
+    assert _rel_err(qg.w4_mm(x, q4, block_n=32), ref) < 1e-5
+
+
+@pytest.mark.parametrize("splits", [2, 4])
+def test_inline_sum_of_the_slices_equals_the_second_launch(splits):
+    # the last slice of each block of columns adds the slices' sums in the same order as _sum_splits_kernel:
+    # the same bits; a second call finds every count back at zero
+    g = torch.Generator().manual_seed(splits)
+    x, w = torch.randn(2, 512, generator=g), torch.randn(512, 200, generator=g) * 0.02
+    qw = quant.quantize_int4(w, 64)
+    two = qg.w4_gemv(x, qw, splits=splits, rows=16, block_n=64)
+    for _ in range(2):
+        assert torch.equal(qg.w4_gemv(x, qw, splits=splits, rows=16, block_n=64, inline_sum=True), two)
+    assert all(int(c.abs().sum()) == 0 for c in qg._COUNTERS.values())
+
+
+def test_int4_launch_at_decodes_rows_by_hand():
+    # int4 at up to 16 rows: blocks of 256 columns, the weights as the first operand, and the fewest splits
+    # (slices of at least four tiles) that launch 1.5 programs per SM: O (4096 x 4096) on 132 SMs has 16
+    # blocks of columns and takes 16 splits (256 programs); gate-up (N = 28672) 112 blocks and 2 splits
+    o = qg.choose_config(16, 4096, 4096, 132, int4=True)
+    assert (o["block_n"], o["swap"], o["splits"]) == (256, True, 16)
+    assert qg.choose_config(16, 28672, 4096, 132, int4=True)["splits"] == 2
+    assert not qg.choose_config(17, 4096, 4096, 132, int4=True)["swap"]  # past 16 rows: the general launch
+    assert not qg.choose_config(16, 4096, 4096, 132)["swap"]  # int8 keeps it
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(3, 256, generator=g), torch.randn(256, 64, generator=g) * 0.02
+    q4 = quant.quantize_int4(w, 64)
+    ref = x.double() @ q4.dequantize(torch.float64)
+    assert _rel_err(qg.w4_mm(x, q4), ref) < 1e-6  # the swapped default, checked
+    assert torch.allclose(qg.w4_mm(x, q4), qg.w4_mm(x, q4, swap=False), rtol=1e-5, atol=1e-6)

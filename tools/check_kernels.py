@@ -292,6 +292,14 @@ def _tuning_calls(rec: Recorder) -> None:
                   flatten=flatten)
         rec.label = f"tuning: grouped-GEMM variant E=64 T=8192 {kw}"
         gv.GroupedGemmVariant(x, w, offsets, **kw)(x, w, offsets)
+    import quant_gemv_variants as qv
+
+    from lib import quant
+
+    w4 = quant.Int4Weight(_meta(2048, 4096, dtype=torch.uint8), _meta(32, 4096, dtype=torch.float32), 128)
+    for M, block_m, rows, splits in ((2, 2, 16, 1), (4, 4, 16, 2), (8, 8, 8, 4)):
+        rec.label = f"tuning: int4 GEMV of {block_m} rows per program, M={M}"
+        qv.w4_gemv_rows(_meta(M, 4096), w4, block_m=block_m, rows=rows, splits=splits)
 
 
 def _fused_calls(rec: Recorder) -> None:
@@ -367,6 +375,10 @@ def _quant_calls(rec: Recorder) -> None:
                 rec.label = f"chapter 9: int4 GEMV g={g} M={M} K={K} N={N}"
                 quant_gemm.w4_gemv(x, quant.Int4Weight(_meta(K // 2, N, dtype=torch.uint8),
                                                        _meta(K // g, N, dtype=torch.float32), g))
+                rec.label = f"chapter 9: int4 GEMV, slices summed inline, g={g} M={M} K={K} N={N}"
+                quant_gemm.w4_gemv(x, quant.Int4Weight(_meta(K // 2, N, dtype=torch.uint8),
+                                                       _meta(K // g, N, dtype=torch.float32), g), splits=4,
+                                   inline_sum=True)
                 rec.label = f"chapter 9: int4 GEMV, scales interleaved, g={g} M={M} K={K} N={N}"
                 quant_gemm.w4_gemv(x, quant.Int4Interleaved(_meta(K // g, g // 2 + 4, N // 4, dtype=torch.int32), g))
     from lib.experiments import quantization

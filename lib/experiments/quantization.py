@@ -90,11 +90,12 @@ def weights(kind: str, K: int, N: int, *, seed: int, device: str) -> torch.Tenso
 class Format:
     """One way of storing w and multiplying by it: ``prepare(w)`` gives the stored form, ``call(x, s)`` the
     product, ``effective(s)`` the float32 weights the product uses (what it is checked against), ``nbytes``
-    the bytes it reads per product."""
+    the bytes it reads per product; ``rounds_x(x)``, for a path that also quantizes x (W8A8), the x its
+    product uses."""
 
-    def __init__(self, name, prepare, call, effective, nbytes, vendor=False):
+    def __init__(self, name, prepare, call, effective, nbytes, vendor=False, rounds_x=None):
         self.name, self.prepare, self.call, self.effective, self.nbytes = name, prepare, call, effective, nbytes
-        self.vendor = vendor
+        self.vendor, self.rounds_x = vendor, rounds_x
 
 
 def formats(params: dict, device: str) -> list[Format]:
@@ -110,7 +111,7 @@ def formats(params: dict, device: str) -> list[Format]:
         out += [Format("torch int8", _torch_int8, _torch_int8_mm, lambda s: s[2], lambda K, N: K * N + 2 * N, True),
                 Format("torch int4 g128", _torch_int4, _torch_int4_mm, lambda s: s[3],
                        lambda K, N: K * N // 2 + 4 * (K // 128) * N, True),
-                Format("fp8", _fp8, _fp8_mm, lambda s: s[2], lambda K, N: K * N, True)]
+                Format("fp8", _fp8, _fp8_mm, lambda s: s[2], lambda K, N: K * N, True, rounds_x=_fp8_x)]
     return out
 
 
@@ -143,19 +144,32 @@ def _fp8(w):
     return w8.t().contiguous().t(), scale, w8.float() * scale  # column-major, as cuBLASLt takes the second operand
 
 
+def _fp8_quantize_x(x):
+    """x in e4m3 with one scale, as a W8A8 layer quantizes its input: (x8, scale)."""
+    xs = (x.abs().amax().float() / 448.0).clamp(min=1e-12)
+    return (x.float() / xs).to(torch.float8_e4m3fn), xs
+
+
+def _fp8_x(x):
+    """x as ``_fp8_mm`` rounds it, back in float32."""
+    x8, xs = _fp8_quantize_x(x)
+    return x8.float() * xs
+
+
 def _fp8_mm(x, s):
     """x quantized to e4m3 with one scale (part of the call: a W8A8 layer does it), rows padded to 16."""
     M = x.shape[0]
-    xs = (x.abs().amax().float() / 448.0).clamp(min=1e-12)
-    x8 = (x.float() / xs).to(torch.float8_e4m3fn)
+    x8, xs = _fp8_quantize_x(x)
     if M % 16:
         x8 = torch.cat([x8, x8.new_zeros(16 - M % 16, x8.shape[1])])
     return torch._scaled_mm(x8, s[0], scale_a=xs, scale_b=s[1], out_dtype=torch.bfloat16)[:M]
 
 
 def check(fmt: Format, x: torch.Tensor, state) -> float:
-    """Relative error of the format's product against x @ its own effective weights in float64."""
-    ref = x.double() @ fmt.effective(state).double()
+    """Relative error of the format's product against x @ its own effective weights in float64 (x as the
+    format rounds it, for a path that quantizes x too)."""
+    xe = fmt.rounds_x(x) if fmt.rounds_x is not None else x
+    ref = xe.double() @ fmt.effective(state).double()
     y = fmt.call(x, state)
     return float((y.double() - ref).norm() / ref.norm())
 
@@ -198,9 +212,9 @@ def measure(params: dict, device: str) -> dict:
                 del prepared[n]
             times = _interleaved_rounds({n: [lambda s=s, f=f, x=x: f.call(x, s) for s in states]
                                          for n, (f, states) in prepared.items()}, params, device)
-            for n, (gpu, call, method) in times.items():
+            for n, t in times.items():
                 rows.append({"shape": name, "K": K, "N": N, "M": M, "format": n, "bytes": prepared[n][0].nbytes(K, N),
-                             "gpu_us": gpu, "call_us": call, "method": method})
+                             **t})
             _progress(f"{name} M={M}: {time.perf_counter() - t0:.0f} s")
             t = {r["format"]: r["gpu_us"] or r["call_us"] for r in rows[-len(times):]}
             for n in times:  # a vendor path many times slower than bf16 is no contender at more rows
@@ -229,7 +243,9 @@ def _progress(line: str) -> None:
 
 def _interleaved_rounds(calls: dict, params: dict, device: str, target_ms: float | None = None) -> dict:
     """Each entry of ``calls`` (a name: callables over copies of its inputs) timed in ``params["rounds"]``
-    rounds, the order reversed every other round: {name: (median GPU us or None, median call us, method)}."""
+    rounds, the order reversed every other round: {name: {"gpu_us": the median of the rounds' medians (None
+    where no GPU time was measured), "call_us": the same of the call times, "method", "gpu_us_rounds",
+    "call_us_rounds": each round's median, in the order measured}}."""
     times = {n: [] for n in calls}
     for r in range(params["rounds"]):
         for n in (list(calls) if r % 2 == 0 else list(reversed(calls))):
@@ -239,7 +255,8 @@ def _interleaved_rounds(calls: dict, params: dict, device: str, target_ms: float
     out = {}
     for n, ts in times.items():
         gpu = [g for g, _, _ in ts if g == g]
-        out[n] = (statistics.median(gpu) if gpu else None, statistics.median(c for _, c, _ in ts), ts[0][2])
+        out[n] = {"gpu_us": statistics.median(gpu) if gpu else None, "call_us": statistics.median(c for _, c, _ in ts),
+                  "method": ts[0][2], "gpu_us_rounds": gpu, "call_us_rounds": [c for _, c, _ in ts]}
     return out
 
 
@@ -264,9 +281,9 @@ def measure_layouts(params: dict, device: str) -> list[dict]:
                                      f"one's by {diff:.3g} of the largest; the layouts hold other values")
             t = _interleaved_rounds({lay: [lambda s=s, x=x: quant_gemm.w4_gemv(x, s) for s in ws]
                                      for lay, ws in (("separate", sep), ("interleaved", inter))}, params, device)
-            for lay, (gpu, call, method) in t.items():
-                out.append({"shape": name, "K": K, "N": N, "group": g, "layout": lay, "gpu_us": gpu, "call_us": call,
-                            "bytes": K * N // 2 + 4 * (K // g) * N, "method": method, "max_rel_diff": diff})
+            for lay, times in t.items():
+                out.append({"shape": name, "K": K, "N": N, "group": g, "layout": lay, **times,
+                            "bytes": K * N // 2 + 4 * (K // g) * N, "max_rel_diff": diff})
             del sep, inter
     return out
 
@@ -318,10 +335,10 @@ def measure_kv(params: dict, device: str) -> dict:
                       "fp8": [(k8, v8)] + [(k8.clone(), v8.clone()) for _ in range(copies["fp8"] - 1)]}
             calls = {n: [lambda p=plans[n], k=k, v=v, a=(q, bt, lens): p(a[0], k, v, *a[1:]) for k, v in stores[n]]
                      for n in plans}
-            for n, (gpu, call, method) in _interleaved_rounds(calls, params, device).items():
+            for n, times in _interleaved_rounds(calls, params, device).items():
                 c = stores[n][0][0]
-                rows.append({"B": B, "L": L, "format": n, "gpu_us": gpu, "call_us": call, "method": method,
-                             "bytes": 2 * c.numel() * c.element_size(), "splits": plans[n].splits})
+                rows.append({"B": B, "L": L, "format": n, **times, "bytes": 2 * c.numel() * c.element_size(),
+                             "splits": plans[n].splits})
             del stores, calls, plans, kc, vc, k8, v8
             if device == "cuda":
                 torch.cuda.empty_cache()
@@ -402,7 +419,7 @@ def measure_step(params: dict, device: str) -> list[dict]:
             layer = base["layer weights"] if name == "bf16" else step.bytes_per_step()
             gpu = [r["gpu_us"]["median"] for r in rounds[name] if r["gpu_us"]["median"] == r["gpu_us"]["median"]]
             out.append({"format": name, "B": B, "L": L, "check": checks.get(name),
-                        "gpu_us": statistics.median(gpu) if gpu else None,
+                        "gpu_us": statistics.median(gpu) if gpu else None, "gpu_us_rounds": gpu,
                         "call_us": statistics.median(r["call_us"]["median"] for r in rounds[name]),
                         "bytes": {**base, "layer weights": layer},
                         "kernels_us": _kernel_kinds(trace.kernel_times(lambda s=step, a=args: s(*a), device))})

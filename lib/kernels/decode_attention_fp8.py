@@ -118,7 +118,7 @@ class DecodeAttentionFP8(da.DecodeAttention):
 
     def __init__(self, q, k_cache, v_cache, block_table, seq_lens, *, k_scale: float, v_scale: float,
                  max_seq_len=None, scale=None, block_n: int | None = None, num_warps: int | None = None,
-                 num_splits: int | None = None, check: bool | None = None):
+                 num_splits: int | None = None, num_stages: int = 3, check: bool | None = None):
         _check(q, k_cache, v_cache, block_table, seq_lens, k_scale, v_scale)
         B, H_q, D = q.shape
         num_pages, H_kv, page, _ = k_cache.shape
@@ -167,7 +167,9 @@ class DecodeAttentionFP8(da.DecodeAttention):
                          SPLITS=splits, INLINE=self.combine == "inline", PREFETCH=bool(prefetch),
                          PER_PAGE=block_n >= da.PER_PAGE_MIN_PAGES * page and not page & (page - 1))
         self.meta["DOT"] = tl.float32 if q.dtype == torch.float32 else tl.float16
-        self.options = dict(num_warps=num_warps, num_stages=3)
+        if not launch.whole(num_stages) or num_stages < 1:
+            raise ValueError(f"num_stages must be a whole number >= 1 (the software pipeline's depth), got {num_stages!r}")
+        self.options = dict(num_warps=num_warps, num_stages=num_stages)
         self.k_scale, self.v_scale = float(k_scale), float(v_scale)
         self.fixed = (*self.workspace, scale * self.k_scale * da.LOG2E, self.v_scale, split_len, H_q, H_kv,
                       block_table.shape[1], q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],

@@ -34,6 +34,10 @@ byte with its sign bit flipped, OR'd into the bits of 2^23, is the float 2^23 + 
 subtraction makes it q. The products accumulate element by element in a [rows, columns] tile of float32,
 summed over K once, at the end.
 
+For many rows (``dequant_rows``: prefill's) both hand the product to the 16-bit GEMM: ``dequantize`` writes
+the weights in x's dtype with one kernel, and cuBLAS multiplies. Converting once per call costs less than
+converting once per block of rows.
+
 Chapter: 9.
 """
 
@@ -248,8 +252,9 @@ def _w4_pair(lo, hi, xe, xo, c, s, acc):
 
 
 @triton.jit
-def _w4_gemv_kernel(X, Q, S, P, N4, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_ps, stride_pm,
-                    BLOCK_W: tl.constexpr, ROWS: tl.constexpr, GROUP: tl.constexpr, INTERLEAVED: tl.constexpr):
+def _w4_gemv_kernel(X, Q, S, P, Out, CNT, N4, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_ps, stride_pm,
+                    BLOCK_W: tl.constexpr, ROWS: tl.constexpr, GROUP: tl.constexpr, INTERLEAVED: tl.constexpr,
+                    SPLITS: tl.constexpr = 1, INLINE: tl.constexpr = False):
     """Row program_id(2) of x times 4 * BLOCK_W columns of w over slice program_id(1) of K. Q is the packed
     bytes read as 32-bit words [K / 2, N / 4]: word c of byte row i holds columns 4c..4c + 3 of rows 2i
     (low nibbles) and 2i + 1 (high); a tile of ROWS byte rows lies in one group.
@@ -259,7 +264,9 @@ def _w4_gemv_kernel(X, Q, S, P, N4, K_SPLIT, stride_xm, stride_qk, stride_sg, st
     2^(149 - b - 64) makes the product u x 2^-64, and 8 x 2^-64 less is q x 2^-64; the sums are scaled by
     2^64 at the end (x may reach 2^42 in magnitude before x 2^85 overflows). Bytes 2 and 3 are shifted
     down to bytes 0 and 1 (bit 23 is a float's exponent). INTERLEAVED: Q and S are one ``Int4Interleaved``,
-    each group's four rows of scales after its rows of words."""
+    each group's four rows of scales after its rows of words. INLINE: each slice writes its float32 sums to
+    P, and the last of the SPLITS slices of a block of columns to arrive (an atomic count in CNT) adds
+    them and writes Out, instead of a second launch."""
     m = tl.program_id(2)
     rw = tl.program_id(0) * BLOCK_W + tl.arange(0, BLOCK_W)
     wmask = rw < N4
@@ -299,6 +306,33 @@ def _w4_gemv_kernel(X, Q, S, P, N4, K_SPLIT, stride_xm, stride_qk, stride_sg, st
     tl.store(out + 1, (tl.sum(acc1, axis=0) * 18446744073709551616.0).to(ty), mask=wmask)
     tl.store(out + 2, (tl.sum(acc2, axis=0) * 18446744073709551616.0).to(ty), mask=wmask)
     tl.store(out + 3, (tl.sum(acc3, axis=0) * 18446744073709551616.0).to(ty), mask=wmask)
+    if INLINE:
+        _sum_if_last(P, Out, CNT + m * tl.num_programs(0) + tl.program_id(0), m * stride_pm + 4 * rw, wmask,
+                     stride_ps, BLOCK_W, SPLITS)
+
+
+@triton.jit
+def _sum_if_last(P, Out, cnt, offs, mask, stride_ps, BLOCK_W: tl.constexpr, SPLITS: tl.constexpr):
+    """The last of SPLITS programs to count itself in at ``cnt`` adds the SPLITS partials at ``offs`` (+0..3)
+    of P and writes the sums to Out at the same offsets, then resets the count. The atomic is acq_rel: each
+    program's partials are visible before its count, so the last one reads them all."""
+    if tl.atomic_add(cnt, 1) == SPLITS - 1:
+        t0 = tl.zeros([BLOCK_W], tl.float32)
+        t1 = tl.zeros([BLOCK_W], tl.float32)
+        t2 = tl.zeros([BLOCK_W], tl.float32)
+        t3 = tl.zeros([BLOCK_W], tl.float32)
+        for i in tl.static_range(SPLITS):
+            pi = P + i * stride_ps + offs
+            t0 += tl.load(pi, mask=mask, other=0.0, cache_modifier=".cg")
+            t1 += tl.load(pi + 1, mask=mask, other=0.0, cache_modifier=".cg")
+            t2 += tl.load(pi + 2, mask=mask, other=0.0, cache_modifier=".cg")
+            t3 += tl.load(pi + 3, mask=mask, other=0.0, cache_modifier=".cg")
+        ty = Out.dtype.element_ty
+        tl.store(Out + offs, t0.to(ty), mask=mask)
+        tl.store(Out + offs + 1, t1.to(ty), mask=mask)
+        tl.store(Out + offs + 2, t2.to(ty), mask=mask)
+        tl.store(Out + offs + 3, t3.to(ty), mask=mask)
+        tl.atomic_xchg(cnt, 0)  # ready for the next call
 
 
 @triton.jit
@@ -337,19 +371,68 @@ def _w8_gemv_kernel(X, Q, S, P, N, K, K_SPLIT, stride_xm, stride_qk, stride_ps, 
 _MAGIC = {torch.bfloat16: (0x4308, 136.0), torch.float16: (0x6408, 1032.0), torch.float32: (0, 0.0)}
 
 
-def choose_config(M: int, N: int, K: int, sms: int, *, block_k: int = 64) -> dict:
+@triton.jit
+def _dequant_kernel(Q, S, W, K, N, stride_qk, stride_sg, stride_wk, GROUP, BITS: tl.constexpr,
+                    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Rows [BLOCK_K program_id(0), + BLOCK_K) and columns [BLOCK_N program_id(1), + BLOCK_N) of the
+    weights, written in W's dtype: int8 q [K, N] times the column scales S [N] (BITS 8), or int4 packed
+    bytes [K / 2, N] times the group scales S [K / GROUP, N] (BITS 4; a tile lies in one group)."""
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = rn < N
+    if BITS == 8:
+        rk = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
+        mask = (rk < K)[:, None] & nmask[None, :]
+        q = tl.load(Q + rk[:, None] * stride_qk + rn[None, :], mask=mask, other=0).to(tl.float32)
+        s = tl.load(S + rn, mask=nmask, other=0.0)
+        tl.store(W + rk[:, None] * stride_wk + rn[None, :], (q * s[None, :]).to(W.dtype.element_ty), mask=mask)
+    else:
+        k0 = tl.program_id(0) * BLOCK_K
+        rb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        mask = (rb < K // 2)[:, None] & nmask[None, :]
+        b = tl.load(Q + rb[:, None] * stride_qk + rn[None, :], mask=mask, other=0).to(tl.int32)
+        s = tl.load(S + (k0 // GROUP) * stride_sg + rn, mask=nmask, other=0.0)[None, :]
+        lo = (((b & 0xF) ^ 8) - 8).to(tl.float32) * s  # the low nibble, sign-extended: row 2i
+        hi = ((((b >> 4) & 0xF) ^ 8) - 8).to(tl.float32) * s  # the high nibble: row 2i + 1
+        out = W + (2 * rb)[:, None] * stride_wk + rn[None, :]
+        tl.store(out, lo.to(W.dtype.element_ty), mask=mask)
+        tl.store(out + stride_wk, hi.to(W.dtype.element_ty), mask=mask)
+
+
+def dequantize(w: Int8Weight | Int4Weight, dtype: torch.dtype) -> torch.Tensor:
+    """The weights [K, N] in ``dtype``, written by one kernel from the stored integers and scales (reads the
+    stored bytes once, writes 2 or 4 bytes a weight): what a product of many rows multiplies by."""
+    if isinstance(w, Int8Weight):
+        (K, N), q, s, group, bits, block_k = w.q.shape, w.q, w.scale, 1, 8, 32
+    elif isinstance(w, Int4Weight):
+        K, N, q, s, group, bits = w.K, w.packed.shape[1], w.packed, w.scale, w.group, 4
+        block_k = min(32, group)
+    else:
+        raise TypeError(f"w must be an Int8Weight or an Int4Weight (lib.quant), got {type(w).__name__}")
+    out = torch.empty(K, N, device=q.device, dtype=dtype)
+    grid = (triton.cdiv(K, block_k), triton.cdiv(N, 128))
+    _dequant_kernel[grid](q, s, out, K, N, q.stride(0), s.stride(0) if bits == 4 else 0, out.stride(0), group,
+                          BITS=bits, BLOCK_K=block_k, BLOCK_N=128, num_warps=4)
+    return out
+
+
+def choose_config(M: int, N: int, K: int, sms: int, *, block_k: int = 64, int4: bool = False) -> dict:
     """Tiles of ``block_k`` rows of w, columns in blocks of 64 (128 for N >= 16384), rows of x in blocks of
     16 (M <= 16) or 64, and the fewest splits of K (powers of two, slices of at least four tiles) that launch
-    1.5 programs per SM."""
+    1.5 programs per SM. int4 at up to 16 rows: columns in blocks of 256 and the converted weights as the
+    product's first operand (``swap``; on the H200, 0.55 to 0.69 of bf16's speed at 16 rows against 0.36 to
+    0.55 with the general launch)."""
     block_m = 16 if M <= 16 else 64
     block_n = 128 if N >= 16384 else 64
+    swap = int4 and M <= 16
+    if swap:
+        block_n = 256
     programs = triton.cdiv(N, block_n) * triton.cdiv(M, block_m)
     splits = 1
     while programs * splits < 1.5 * sms and K % (2 * splits) == 0 and K // (2 * splits) >= 4 * block_k \
             and (K // (2 * splits)) % block_k == 0:
         splits *= 2
     return {"block_m": block_m, "block_n": block_n, "block_k": block_k, "splits": splits, "num_warps": 4,
-            "num_stages": 4}
+            "num_stages": 4, "swap": swap}
 
 
 def _check_x(x: torch.Tensor, K: int, device) -> None:
@@ -380,11 +463,12 @@ def _launch(kernel, x, args, M, N, K, cfg, splits, extra_strides, block_k, **met
     return out
 
 
-def _config(x, N, K, block_k, splits, block_n, num_warps, num_stages, *, masked_tail: bool = False) -> dict:
+def _config(x, N, K, block_k, splits, block_n, num_warps, num_stages, *, masked_tail: bool = False,
+            int4: bool = False, swap: bool | None = None) -> dict:
     """``choose_config``'s launch with any given parameter put in its place. A kernel that masks the rows of
     its last tile (``masked_tail``, int8) takes any K in one slice; split, every slice is whole tiles."""
-    cfg = choose_config(x.shape[0], N, K, launch.sm_count(x.device), block_k=block_k)
-    given = {"splits": splits, "block_n": block_n, "num_warps": num_warps, "num_stages": num_stages}
+    cfg = choose_config(x.shape[0], N, K, launch.sm_count(x.device), block_k=block_k, int4=int4)
+    given = {"splits": splits, "block_n": block_n, "num_warps": num_warps, "num_stages": num_stages, "swap": swap}
     cfg.update({k: v for k, v in given.items() if v is not None})
     if cfg["splits"] == 1 and masked_tail:
         cfg["k_split"] = triton.cdiv(K, block_k) * block_k
@@ -393,6 +477,17 @@ def _config(x, N, K, block_k, splits, block_n, num_warps, num_stages, *, masked_
     else:
         cfg["k_split"] = K // cfg["splits"]
     return cfg
+
+
+DEQUANT_ROWS = 32
+
+
+def dequant_rows(M: int) -> bool:
+    """Whether ``w8_mm`` and ``w4_mm`` dequantize the weights and hand M rows to the bf16 product
+    (``dequantize``, then cuBLAS): from ``DEQUANT_ROWS`` rows, where the extra write and read of the
+    16-bit weights (about 2.5 bytes a weight) cost less than converting every weight once per block of 16
+    or 64 rows (on the H200, the fused int4 kernel ran at 0.16 of bf16's speed at 32 rows)."""
+    return M >= DEQUANT_ROWS
 
 
 def gemv_rows(M: int) -> bool:
@@ -405,7 +500,8 @@ def w8_mm(x: torch.Tensor, w: Int8Weight, *, splits: int | None = None, block_k:
           num_warps: int | None = None, num_stages: int | None = None, swap: bool = False,
           gemv: bool | None = None) -> torch.Tensor:
     """x [M, K] @ (w.q * w.scale) [K, N], the int8 weights dequantized in registers: [M, N] in x's dtype.
-    ``gemv`` None: ``w8_gemv`` where ``gemv_rows`` says so and no tensor-core launch parameter is given."""
+    ``gemv`` None: ``w8_gemv`` where ``gemv_rows`` says so and no tensor-core launch parameter is given;
+    with no launch parameter, ``dequantize`` and the 16-bit product where ``dequant_rows`` says so."""
     if not isinstance(w, Int8Weight):
         raise TypeError(f"w must be an Int8Weight (lib.quant.quantize_int8), got {type(w).__name__}")
     tc = (splits, block_n, num_warps, num_stages) != (None,) * 4 or swap or block_k != 64
@@ -413,6 +509,8 @@ def w8_mm(x: torch.Tensor, w: Int8Weight, *, splits: int | None = None, block_k:
         return w8_gemv(x, w)
     K, N = w.q.shape
     _check_x(x, K, w.q.device)
+    if not tc and not gemv and dequant_rows(x.shape[0]):
+        return x @ dequantize(w, x.dtype)
     if not w.q.is_contiguous() or not w.scale.is_contiguous() or w.scale.dtype != torch.float32:
         raise ValueError("w.q must be contiguous and w.scale a contiguous float32 vector")
     cfg = _config(x, N, K, block_k, splits, block_n, num_warps, num_stages, masked_tail=True)
@@ -422,28 +520,30 @@ def w8_mm(x: torch.Tensor, w: Int8Weight, *, splits: int | None = None, block_k:
 
 def w4_mm(x: torch.Tensor, w: Int4Weight, *, splits: int | None = None, block_k: int | None = None,
           block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-          swap: bool = False, gemv: bool | None = None) -> torch.Tensor:
+          swap: bool | None = None, gemv: bool | None = None) -> torch.Tensor:
     """x [M, K] @ (the int4 weights times their group scales) [K, N], dequantized in registers: [M, N] in x's
     dtype. ``block_k`` (rows of w per tile) defaults to min(64, group) and must divide the group. ``gemv``
     None: ``w4_gemv`` where ``gemv_rows`` says so, N is a multiple of 4 and no tensor-core launch parameter
-    is given."""
+    is given. ``swap`` None: as ``choose_config`` chooses."""
     if not isinstance(w, Int4Weight):
         raise TypeError(f"w must be an Int4Weight (lib.quant.quantize_int4), got {type(w).__name__}")
-    tc = (splits, block_k, block_n, num_warps, num_stages) != (None,) * 5 or swap
+    tc = (splits, block_k, block_n, num_warps, num_stages, swap) != (None,) * 6
     if gemv or (gemv is None and isinstance(x, torch.Tensor) and x.dim() == 2 and gemv_rows(x.shape[0]) and not tc
                 and w.packed.shape[1] % 4 == 0):
         return w4_gemv(x, w)
     K, N = w.K, w.packed.shape[1]
     _check_x(x, K, w.packed.device)
+    if not tc and not gemv and dequant_rows(x.shape[0]):
+        return x @ dequantize(w, x.dtype)
     block_k = block_k or min(64, w.group)
     if w.group % block_k or block_k % 2:
         raise ValueError(f"block_k={block_k} must be even and divide the group of {w.group} rows")
     if not w.packed.is_contiguous() or not w.scale.is_contiguous() or w.scale.dtype != torch.float32:
         raise ValueError("w.packed must be contiguous and w.scale a contiguous float32 tensor")
-    cfg = _config(x, N, K, block_k, splits, block_n, num_warps, num_stages)
+    cfg = _config(x, N, K, block_k, splits, block_n, num_warps, num_stages, int4=True, swap=swap)
     return _launch(_w4_kernel, x, (w.packed, w.scale), x.shape[0], N, K, cfg, cfg["splits"],
                    (w.group, x.stride(0), w.packed.stride(0), w.scale.stride(0)), block_k, HALF_K=block_k // 2,
-                   MAGIC=_MAGIC[x.dtype][0], OFFSET=_MAGIC[x.dtype][1], SWAP=bool(swap))
+                   MAGIC=_MAGIC[x.dtype][0], OFFSET=_MAGIC[x.dtype][1], SWAP=bool(cfg["swap"]))
 
 
 def choose_gemv_config(M: int, N: int, K: int, sms: int, *, bits: int, group: int = 128) -> dict:
@@ -464,6 +564,17 @@ def choose_gemv_config(M: int, N: int, K: int, sms: int, *, bits: int, group: in
     while more(splits):
         splits *= 2
     return {"rows": rows, "block_n": block_n, "splits": splits, "num_warps": 4 if bits == 4 else 8, "num_stages": 1}
+
+
+_COUNTERS: dict = {}
+
+
+def _counters(device, n: int) -> torch.Tensor:
+    """n int32 arrival counts on ``device``, zero between calls (the last program of a block resets its own)."""
+    key = (torch.device(device), n)
+    if key not in _COUNTERS:
+        _COUNTERS[key] = torch.zeros(n, device=device, dtype=torch.int32)
+    return _COUNTERS[key]
 
 
 def _gemv(x, w, bits: int, given: dict) -> torch.Tensor:
@@ -494,9 +605,13 @@ def _gemv(x, w, bits: int, given: dict) -> torch.Tensor:
             q, scale, stride_sg = w.words, w.words.view(torch.float32)[:, group // 2:], w.words.stride(0)
         else:
             q, scale, stride_sg = w.packed.view(torch.int32), w.scale, w.scale.stride(0)
-        _w4_gemv_kernel[grid](x, q, scale, part, N // 4, k_split, x.stride(0), N // 4, stride_sg,
+        inline = bool(cfg.get("inline_sum")) and splits > 1
+        cnt = _counters(x.device, grid[0] * M) if inline else part
+        _w4_gemv_kernel[grid](x, q, scale, part, out, cnt, N // 4, k_split, x.stride(0), N // 4, stride_sg,
                               M * N if splits > 1 else 0, N, BLOCK_W=block_n // 4, GROUP=group, INTERLEAVED=inter,
-                              **meta)
+                              SPLITS=splits, INLINE=inline, **meta)
+        if inline:
+            return out
     else:
         _w8_gemv_kernel[grid](x, w.q.view(torch.uint8), w.scale, part, N, K, k_split, x.stride(0), w.q.stride(0),
                               M * N if splits > 1 else 0, N, BLOCK_N=block_n, **meta)
@@ -518,11 +633,13 @@ def w8_gemv(x: torch.Tensor, w: Int8Weight, *, rows: int | None = None, block_n:
 
 
 def w4_gemv(x: torch.Tensor, w: Int4Weight | Int4Interleaved, *, rows: int | None = None, block_n: int | None = None,
-            splits: int | None = None, num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+            splits: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+            inline_sum: bool | None = None) -> torch.Tensor:
     """``w4_mm``'s product for the few rows of decode, on the CUDA cores (see the module): [M, N] in x's
     dtype, from w's scales in their own array (``Int4Weight``) or after each group (``Int4Interleaved``).
     ``rows`` (bytes of w per tile, two rows of w each) must be a power of two, 2 * rows dividing the
-    group; N and ``block_n`` multiples of 4."""
+    group; N and ``block_n`` multiples of 4. ``inline_sum``: with splits of K, the last slice of each block of
+    columns adds the slices' sums (no second launch)."""
     if isinstance(w, Int4Interleaved):
         _check_x(x, w.K, w.words.device)
         if not w.words.is_contiguous() or w.words.dtype != torch.int32:
@@ -535,4 +652,4 @@ def w4_gemv(x: torch.Tensor, w: Int4Weight | Int4Interleaved, *, rows: int | Non
         raise TypeError(f"w must be an Int4Weight (lib.quant.quantize_int4) or an Int4Interleaved "
                         f"(lib.quant.interleave_scales), got {type(w).__name__}")
     return _gemv(x, w, 4, {"rows": rows, "block_n": block_n, "splits": splits, "num_warps": num_warps,
-                           "num_stages": num_stages})
+                           "num_stages": num_stages, "inline_sum": inline_sum})

@@ -1,8 +1,9 @@
 """The FP8 KV cache's decode attention with its tiles converted to fp16 (the default) and to bf16, beside the
 bf16 cache, on a GPU; prints a table. With ``--launches``, the fp16 kernel's tile and warps swept instead
-(the default plan's, and each tile of 16-128 tokens with 1, 2 or 4 warps at the default splits).
+(the default plan's, and each tile of 16-128 tokens with 1, 2 or 4 warps at the default splits and each
+pipeline depth of ``--stages``).
 
-    python tools/tuning/fp8_kv_dot.py [--out rows.json] [--launches]
+    python tools/tuning/fp8_kv_dot.py [--out rows.json] [--launches [--stages 3,4,5]]
 
 Llama-3-8B's heads (32 query, 8 KV, d = 128), pages of 16 in a random order, batches 1 and 16 at 4k and
 64k tokens: each variant checked against float64 attention over the dequantized cache, then timed by
@@ -34,6 +35,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--launches", action="store_true")
+    ap.add_argument("--stages", type=lambda v: [int(s) for s in v.split(",")], default=[3],
+                    help="pipeline depths to sweep with --launches, e.g. 3,4,5")
     args = ap.parse_args()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -51,9 +54,10 @@ def main() -> None:
             plans["fp8 default"] = default
             for block_n in (16, 32, 64, 128):
                 for warps in (1, 2, 4):
-                    plans[f"fp8 n={block_n} w={warps}"] = da8.DecodeAttentionFP8(
-                        q, k8, v8, bt, lens, k_scale=ks, v_scale=vs, block_n=block_n, num_warps=warps,
-                        num_splits=default.splits)
+                    for stages in args.stages:
+                        plans[f"fp8 n={block_n} w={warps} st={stages}"] = da8.DecodeAttentionFP8(
+                            q, k8, v8, bt, lens, k_scale=ks, v_scale=vs, block_n=block_n, num_warps=warps,
+                            num_splits=default.splits, num_stages=stages)
         else:
             for name, dot in (("fp8, fp16 products", tl.float16), ("fp8, bf16 products", tl.bfloat16)):
                 p = da8.DecodeAttentionFP8(q, k8, v8, bt, lens, k_scale=ks, v_scale=vs)

@@ -1,6 +1,6 @@
 """Sweep the quantized GEMVs' launch parameters at decode's rows on a GPU; prints the best per shape.
 
-    python tools/tuning/quant_gemv_sweep.py [--out rows.json] [--rows 1,4] [--formats int8,int4] [--grid JSON]
+    python tools/tuning/quant_gemv_sweep.py [--out rows.json] [--rows 1,4] [--formats int8,int4,int4rows] [--grid JSON]
 
 ``--grid`` replaces some of the launch grid's lists, e.g. '{"rows": [4, 8], "num_warps": [2, 4]}'.
 
@@ -24,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import quant_gemv_variants  # noqa: E402
 import records  # noqa: E402
 import torch  # noqa: E402
 
@@ -33,6 +34,8 @@ from lib.kernels import quant_gemm as qg  # noqa: E402
 from lib.kernels import stream  # noqa: E402
 
 GRID = {"rows": (16, 32, 64, 128), "block_n": (128, 256, 512), "splits": (1, 2, 4, 8, 16, 32), "num_warps": (4, 8)}
+# "int4rows": the variant of several rows of x per program (tools/tuning/quant_gemv_variants.py)
+GRID_ROWS = {"block_m": (2, 4, 8), "rows": (8, 16), "block_n": (128,), "splits": (1, 2, 4, 8), "num_warps": (4,)}
 
 
 def torch_int4(w: torch.Tensor, x: torch.Tensor):
@@ -48,7 +51,7 @@ def torch_int4(w: torch.Tensor, x: torch.Tensor):
 
 def main() -> int:
     args, read_bw, l2, gen = records.gpu_sweep("1,4", (("--formats", "int8,int4"), ("--grid", "")))
-    grid = {**GRID, **json.loads(args.grid)} if args.grid else GRID
+    given = json.loads(args.grid) if args.grid else {}
     rows = []
     for name, K, N, ws, M, x, base in records.weight_cases(args.rows, l2, gen):
         ti4 = torch_int4(ws[0], x)
@@ -59,7 +62,9 @@ def main() -> int:
                          "bf16_us": base, "rel_err": err})
         for fmt in args.formats.split(","):
             qws = [quant.quantize_int8(w) if fmt == "int8" else quant.quantize_int4(w, 128) for w in ws]
-            fn, mm = (qg.w8_gemv, qg.w8_mm) if fmt == "int8" else (qg.w4_gemv, qg.w4_mm)
+            fn, mm = {"int8": (qg.w8_gemv, qg.w8_mm), "int4": (qg.w4_gemv, qg.w4_mm),
+                      "int4rows": (quant_gemv_variants.w4_gemv_rows, qg.w4_mm)}[fmt]
+            grid = {**(GRID_ROWS if fmt == "int4rows" else GRID), **given}
             nbytes = K * N + 4 * N if fmt == "int8" else K * N // 2 + 4 * (K // 128) * N
             half = [torch.empty(nbytes // 2, device="cuda", dtype=torch.uint8).random_(generator=gen)
                     for _ in range(2 * len(ws))]
@@ -67,7 +72,7 @@ def main() -> int:
                              for a, b in zip(half[::2], half[1::2])])
             del half
             # the vendor's GEMV over as many bf16 bytes as the quantized weights' (K / 4 or K / 2 rows)
-            kb = K // 4 if fmt == "int4" else K // 2
+            kb = K // 2 if fmt == "int8" else K // 4
             wb = [torch.randn(kb, N, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(len(ws))]
             xb = x[:, :kb].contiguous()
             same_bytes = records.time_of([lambda w=w, xb=xb: xb @ w for w in wb])
@@ -75,9 +80,11 @@ def main() -> int:
             mm_us = records.time_of([lambda q=q, x=x, mm=mm: mm(x, q) for q in qws])
             ref = x.float() @ qws[0].dequantize(torch.float32)
 
-            def skip(kw, fmt=fmt, K=K):
-                per = 2 * kw["rows"] if fmt == "int4" else kw["rows"]
-                return K % (kw["splits"] * (128 if fmt == "int4" else per)) or (fmt == "int4" and per > 128)
+            def skip(kw, fmt=fmt, K=K, M=M):
+                per = kw["rows"] if fmt == "int8" else 2 * kw["rows"]
+                four = fmt != "int8"
+                return K % (kw["splits"] * (128 if four else per)) or (four and per > 128) \
+                    or kw.get("block_m", 1) > max(2, M)  # more rows per program than x has: nothing to gain
 
             start = len(rows)
             best = records.launch_search(fn, x, qws, ref, grid, skip, records.time_of,
