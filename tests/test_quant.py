@@ -356,10 +356,21 @@ def test_inline_sum_of_the_slices_equals_the_second_launch(splits):
     g = torch.Generator().manual_seed(splits)
     x, w = torch.randn(2, 512, generator=g), torch.randn(512, 200, generator=g) * 0.02
     qw = quant.quantize_int4(w, 64)
-    two = qg.w4_gemv(x, qw, splits=splits, rows=16, block_n=64)
+    two = qg.w4_gemv(x, qw, splits=splits, rows=16, block_n=64, inline_sum=False)
     for _ in range(2):
         assert torch.equal(qg.w4_gemv(x, qw, splits=splits, rows=16, block_n=64, inline_sum=True), two)
     assert all(int(c.abs().sum()) == 0 for c in qg._COUNTERS.values())
+
+
+def test_gemv_launch_by_hand():
+    # int4 at one row on 132 SMs: QKV (K 4096, N 6144) has 48 blocks of 128 columns; 1.5 programs per SM
+    # (198) and slices of at most 1,024 rows take 8 splits (384 programs), added by the last slice; gate-up
+    # (N 28672: 224 blocks) needs only the 1,024-row rule: 4 splits, added by a second launch
+    qkv = qg.choose_gemv_config(1, 6144, 4096, 132, bits=4)
+    assert (qkv["rows"], qkv["block_n"], qkv["splits"], qkv["inline_sum"]) == (64, 128, 8, True)
+    gate_up = qg.choose_gemv_config(1, 28672, 4096, 132, bits=4)
+    assert (gate_up["splits"], gate_up["inline_sum"]) == (4, False)
+    assert not qg.choose_gemv_config(1, 6144, 4096, 132, bits=8)["inline_sum"]
 
 
 def test_int4_launch_at_decodes_rows_by_hand():

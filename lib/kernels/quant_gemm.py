@@ -546,11 +546,15 @@ def w4_mm(x: torch.Tensor, w: Int4Weight, *, splits: int | None = None, block_k:
                    MAGIC=_MAGIC[x.dtype][0], OFFSET=_MAGIC[x.dtype][1], SWAP=bool(cfg["swap"]))
 
 
+INLINE_SPLITS = 8  # from this many slices of K the int4 GEMV adds them in its last slice (choose_gemv_config)
+
+
 def choose_gemv_config(M: int, N: int, K: int, sms: int, *, bits: int, group: int = 128) -> dict:
     """int4: tiles of 64 rows of bytes (at most half a group), 128 columns, 4 warps, and the fewest splits
-    of K (powers of two) that launch 1.5 programs per SM in slices of at most 1,024 rows of w. int8: tiles
-    of 128 rows, 128 columns, 8 warps, the fewest splits that launch 1.5 programs per SM in slices of at
-    least two tiles."""
+    of K (powers of two) that launch 1.5 programs per SM in slices of at most 1,024 rows of w; from
+    ``INLINE_SPLITS`` splits the last slice adds the slices' sums (``inline_sum``), where a second launch
+    would be a larger share of a small product's time. int8: tiles of 128 rows, 128 columns, 8
+    warps, the fewest splits that launch 1.5 programs per SM in slices of at least two tiles."""
     rows = min(64, group // 2) if bits == 4 else 128
     per = 2 * rows if bits == 4 else rows  # rows of w per tile
     block_n = 128
@@ -563,7 +567,8 @@ def choose_gemv_config(M: int, N: int, K: int, sms: int, *, bits: int, group: in
     splits = 1
     while more(splits):
         splits *= 2
-    return {"rows": rows, "block_n": block_n, "splits": splits, "num_warps": 4 if bits == 4 else 8, "num_stages": 1}
+    return {"rows": rows, "block_n": block_n, "splits": splits, "num_warps": 4 if bits == 4 else 8, "num_stages": 1,
+            "inline_sum": bits == 4 and splits >= INLINE_SPLITS}
 
 
 _COUNTERS: dict = {}

@@ -1,7 +1,8 @@
 """Nsight Compute's counters read back: what the ``ncu_*`` tools of this folder share.
 
 A tool's ``run`` launches kernels under ``ncu`` (command in its docstring) and writes a manifest, {"provenance",
-"launches": [{"case", "path", ...} per profiled launch, in order]}; ``parse`` pairs ncu's CSV rows with the
+"launches": [{"case", "path", ...} per profiled launch, in order; "check": true marks one left out of the
+medians]}; ``parse`` pairs ncu's CSV rows with the
 manifest, checks each row's kernel name against what the launch's path expects, keeps the throughputs (as
 shares of each unit's peak), the L2 hit rate, occupancy, registers, grid and the clock, and the warps'
 stall reasons (cycles stalled per issued instruction, as shares of all stalled cycles), and writes one row
@@ -63,8 +64,9 @@ def parse(counters: Path, manifest: Path, out: Path, *, tool: str, expect) -> di
                                             if total and v / total >= 0.01}
         rows.append(row)
     summary = {}
-    for key in dict.fromkeys((r["case"], r["path"]) for r in rows):
-        group = [r for r in rows if (r["case"], r["path"]) == key]
+    timed = [r for r in rows if not r.get("check")]  # a launch marked "check" ran first, to check the product
+    for key in dict.fromkeys((r["case"], r["path"]) for r in timed):
+        group = [r for r in timed if (r["case"], r["path"]) == key]
         numbers = {k: statistics.median(r[k] for r in group) for k, v in group[0].items()
                    if isinstance(v, float) and all(isinstance(r.get(k), float) for r in group)}
         stalls = "stalls (share of stalled cycles)"
