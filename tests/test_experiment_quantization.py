@@ -213,3 +213,44 @@ def test_every_timed_point_keeps_its_rounds(smoke):
     for r in d["rows"] + d["layouts"] + d["kv"]["rows"]:
         assert len(r["call_us_rounds"]) == p["rounds"] and r["call_us"] == sorted(r["call_us_rounds"])[p["rounds"] // 2]
     assert all(len(r["gpu_us_rounds"]) == p["rounds"] for r in d["step"])
+
+
+def test_a_path_handed_x_converted_gets_it_made_once_before_its_timed_calls(monkeypatch):
+    # "fp8 gemm" is timed without x's quantization: given_x runs once per check and per row count, outside
+    # the timed calls, and the call receives what it made
+    p = {**qx.sweep("smoke"), "shapes": {"a": [64, 32]}, "rows": [1, 5], "groups": [32], "reps": 3}
+    made = []
+
+    def given(x):
+        made.append(x.shape[0])
+        return ("given", x)
+
+    def call(xi, s):
+        assert xi[0] == "given"
+        return xi[1] @ s
+
+    handed = qx.Format("handed", lambda w: w, call, lambda s: s.float(), lambda K, N: 4 * K * N, given_x=given)
+    monkeypatch.setattr(qx, "formats", lambda params, device: [qx.Format("bf16", lambda w: w, lambda x, s: x @ s,
+                                                                          lambda s: s.float(), lambda K, N: 4 * K * N),
+                                                               handed])
+    d = qx.measure(p, "cpu")
+    assert sorted(r["M"] for r in d["rows"] if r["format"] == "handed") == [1, 5]
+    assert made == [1, 1, 5]  # the check's x, then one x per row count, however many calls were timed
+
+
+def test_the_fp8_paths_with_and_without_the_quantization_of_x_compute_the_same_product():
+    import torch
+
+    fmts = {f.name: f for f in qx.formats({**qx.sweep("smoke"), "groups": [32]}, "cuda")}
+    full, gemm = fmts["fp8"], fmts["fp8 gemm"]
+    assert qx.kind_of("fp8 gemm") == qx.kind_of("fp8") == ("fp8", None)
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(5, 128, generator=g), torch.randn(128, 48, generator=g) * 0.02
+    try:
+        state = gemm.prepare(w)
+        y = gemm.call(gemm.input(x), state)
+    except (RuntimeError, NotImplementedError) as ex:  # a build without FP8 products on the CPU
+        pytest.skip(f"torch._scaled_mm on the CPU: {ex}")
+    assert y.shape == (5, 48)  # the rows padded to 16 for the product are cut off again
+    assert torch.equal(y, full.call(x, state))
+    assert qx.check(gemm, x, state) < 1e-2  # bf16 output against float64 over the rounded x and w

@@ -15,8 +15,10 @@ GPU), draws its weights (standard deviation 0.02, in ``dtype``) and, for each fo
 The formats: "bf16" (``x @ w``, cuBLAS), "int8" (``lib.kernels.quant_gemm.w8_mm``), "int4 gG" for each group
 G of ``params["groups"]`` (``w4_mm``); on a GPU also torch's weight-only paths, "torch int8"
 (``torch._weight_int8pack_mm``) and "torch int4 g128" (``torch._weight_int4pack_mm``, the tinygemm kernel),
-and "fp8" (``torch._scaled_mm``, cuBLASLt, e4m3 weights and activations with one scale each; the call
-quantizes x as a W8A8 layer must, and pads its rows to 16).
+"fp8" (``torch._scaled_mm``, cuBLASLt, e4m3 weights and activations with one scale each; the call
+quantizes x with torch's operations, as a W8A8 layer must, and pads its rows to 16) and "fp8 gemm" (the
+same product with x quantized before the timed call, as an engine that fuses the quantization into the
+operation before the layer has it).
 
 ``measure_step(params, device)`` runs chapter 7's decode step with each weight format (``params["step"]``:
 Llama-3-8B on a GPU; ``lib.llama_quant.QuantStep`` in int8 and int4 beside the bf16 ``FusedStep``): each
@@ -91,11 +93,16 @@ class Format:
     """One way of storing w and multiplying by it: ``prepare(w)`` gives the stored form, ``call(x, s)`` the
     product, ``effective(s)`` the float32 weights the product uses (what it is checked against), ``nbytes``
     the bytes it reads per product; ``rounds_x(x)``, for a path that also quantizes x (W8A8), the x its
-    product uses."""
+    product uses; ``given_x(x)``, for a path handed x already converted, what ``call`` takes in place of x
+    (made before the timed call)."""
 
-    def __init__(self, name, prepare, call, effective, nbytes, vendor=False, rounds_x=None):
+    def __init__(self, name, prepare, call, effective, nbytes, vendor=False, rounds_x=None, given_x=None):
         self.name, self.prepare, self.call, self.effective, self.nbytes = name, prepare, call, effective, nbytes
-        self.vendor, self.rounds_x = vendor, rounds_x
+        self.vendor, self.rounds_x, self.given_x = vendor, rounds_x, given_x
+
+    def input(self, x: torch.Tensor):
+        """What ``call`` takes for x: x itself, or ``given_x(x)``."""
+        return self.given_x(x) if self.given_x is not None else x
 
 
 def formats(params: dict, device: str) -> list[Format]:
@@ -111,7 +118,9 @@ def formats(params: dict, device: str) -> list[Format]:
         out += [Format("torch int8", _torch_int8, _torch_int8_mm, lambda s: s[2], lambda K, N: K * N + 2 * N, True),
                 Format("torch int4 g128", _torch_int4, _torch_int4_mm, lambda s: s[3],
                        lambda K, N: K * N // 2 + 4 * (K // 128) * N, True),
-                Format("fp8", _fp8, _fp8_mm, lambda s: s[2], lambda K, N: K * N, True, rounds_x=_fp8_x)]
+                Format("fp8", _fp8, _fp8_mm, lambda s: s[2], lambda K, N: K * N, True, rounds_x=_fp8_x),
+                Format("fp8 gemm", _fp8, _fp8_gemm, lambda s: s[2], lambda K, N: K * N, True, rounds_x=_fp8_x,
+                       given_x=_fp8_given)]
     return out
 
 
@@ -156,13 +165,25 @@ def _fp8_x(x):
     return x8.float() * xs
 
 
-def _fp8_mm(x, s):
-    """x quantized to e4m3 with one scale (part of the call: a W8A8 layer does it), rows padded to 16."""
+def _fp8_given(x):
+    """x quantized to e4m3 with one scale and its rows padded to 16 (cuBLASLt's FP8 product takes a multiple
+    of 16): (x8, scale, M)."""
     M = x.shape[0]
     x8, xs = _fp8_quantize_x(x)
     if M % 16:
         x8 = torch.cat([x8, x8.new_zeros(16 - M % 16, x8.shape[1])])
+    return x8, xs, M
+
+
+def _fp8_gemm(given, s):
+    """The FP8 product of x as ``_fp8_given`` made it."""
+    x8, xs, M = given
     return torch._scaled_mm(x8, s[0], scale_a=xs, scale_b=s[1], out_dtype=torch.bfloat16)[:M]
+
+
+def _fp8_mm(x, s):
+    """x quantized to e4m3 with one scale (part of the call: a W8A8 layer does it), then the FP8 product."""
+    return _fp8_gemm(_fp8_given(x), s)
 
 
 def check(fmt: Format, x: torch.Tensor, state) -> float:
@@ -170,7 +191,7 @@ def check(fmt: Format, x: torch.Tensor, state) -> float:
     format rounds it, for a path that quantizes x too)."""
     xe = fmt.rounds_x(x) if fmt.rounds_x is not None else x
     ref = xe.double() @ fmt.effective(state).double()
-    y = fmt.call(x, state)
+    y = fmt.call(fmt.input(x), state)
     return float((y.double() - ref).norm() / ref.norm())
 
 
@@ -210,7 +231,8 @@ def measure(params: dict, device: str) -> dict:
             x = torch.randn(M, K, device=device).to(dtype)
             for n in [n for n in prepared if n in slow]:  # past its limit: not timed at more rows
                 del prepared[n]
-            times = _interleaved_rounds({n: [lambda s=s, f=f, x=x: f.call(x, s) for s in states]
+            inputs = {n: f.input(x) for n, (f, _) in prepared.items()}
+            times = _interleaved_rounds({n: [lambda s=s, f=f, xi=inputs[n]: f.call(xi, s) for s in states]
                                          for n, (f, states) in prepared.items()}, params, device)
             for n, t in times.items():
                 rows.append({"shape": name, "K": K, "N": N, "M": M, "format": n, "bytes": prepared[n][0].nbytes(K, N),
@@ -475,8 +497,8 @@ def memory_model(df, read_GBps: float, *, formats=None) -> pd.DataFrame:
 
 def kind_of(fmt: str) -> tuple[str, int | None]:
     """A format's storage and group: "int4 g128" and "torch int4 g128" -> ("int4", 128), "int8" and "torch
-    int8" -> ("int8", None), "bf16", "fp8" -> themselves."""
-    name = fmt.removeprefix("torch ")
+    int8" -> ("int8", None), "fp8" and "fp8 gemm" -> ("fp8", None), "bf16" -> itself."""
+    name = fmt.removeprefix("torch ").removesuffix(" gemm")
     if name.startswith("int4 g"):
         return "int4", int(name.removeprefix("int4 g"))
     if name in ("bf16", "int8", "fp8"):
