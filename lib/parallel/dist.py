@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import queue
 import tempfile
+import time
 import traceback
 
 import torch
@@ -95,12 +96,22 @@ def run(fn, world: int, *args, backend: str = "gloo", timeout_s: float = 300.0) 
                 os.environ["CUDA_VISIBLE_DEVICES"] = hidden
         out, failed = {}, None
         try:
+            deadline = time.monotonic() + timeout_s
             while len(out) < world and failed is None:
                 try:
-                    rank, ok, value = results.get(timeout=timeout_s)
+                    rank, ok, value = results.get(timeout=1.0)
                 except queue.Empty:
-                    raise TimeoutError(f"{world - len(out)} of {world} ranks gave no result in {timeout_s:.0f} s: "
-                                       "a collective that not every rank called waits forever") from None
+                    dead = [r for r, p in enumerate(procs) if p.exitcode is not None and r not in out]
+                    if dead and results.empty():  # a process that ended without a result never sends one
+                        time.sleep(0.5)  # the result of a rank that ended just now may still be in the pipe
+                        if results.empty():
+                            failed = (dead[0], f"the process ended (exit code {procs[dead[0]].exitcode}) before giving "
+                                      "a result: was fn importable, and the script guarded by "
+                                      "if __name__ == '__main__'?")
+                    elif time.monotonic() > deadline:
+                        raise TimeoutError(f"{world - len(out)} of {world} ranks gave no result in {timeout_s:.0f} s: "
+                                           "a collective that not every rank called waits forever") from None
+                    continue
                 if ok:
                     out[rank] = torch.load(io.BytesIO(value), weights_only=False)
                 else:
