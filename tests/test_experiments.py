@@ -15,6 +15,7 @@ from lib.experiments import (
     kv_cache,
     machine,
     matrix_shapes,
+    parallelism,
     prefix_caching,
     quantization,
     roofline,
@@ -24,7 +25,7 @@ from lib.experiments import (
 EXPERIMENTS = {"00-the-machine": machine, "01-matrix-shapes": matrix_shapes, "02-roofline": roofline,
                "03-kv-cache": kv_cache, "04-grouped-gemm": grouped_gemm, "05-prefix-caching": prefix_caching,
                "06-batching": batching, "07-decode-step": decode_step, "08-serving-engine": serving_engine,
-               "09-quantization": quantization}
+               "09-quantization": quantization, "10-parallelism": parallelism}
 
 
 @pytest.mark.parametrize("notebook", sorted(EXPERIMENTS))

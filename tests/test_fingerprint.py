@@ -51,19 +51,19 @@ def test_the_closure_is_found_from_the_imports(book):
     assert "lib/kv_pool.py" not in fingerprint.fingerprint("03-kv-cache", book)["sources"]
 
 
-def test_a_code_edit_in_kv_pool_makes_chapters_5_to_9_stale(book):
+def test_a_code_edit_in_kv_pool_makes_chapters_5_to_10_stale(book):
     assert stale_chapters(book) == []
     pool = book / "lib" / "kv_pool.py"
     original = edited(pool, "        return -(-tokens // self.block_size)\n",
                       "        return (tokens + self.block_size - 1) // self.block_size\n")
     try:
-        # chapter 9 times chapter 7's step with quantized weights: the pool is in its closure too
+        # chapters 9 and 10 time chapter 7's step (quantized, or one rank's share): the pool is in their closure too
         assert stale_chapters(book) == ["05-prefix-caching", "06-batching", "07-decode-step", "08-serving-engine",
-                                        "09-quantization"]
+                                        "09-quantization", "10-parallelism"]
         out = subprocess.run([sys.executable, str(ROOT / "tools" / "book.py"), "check-fresh", "--root", str(book)],
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 1, out.stdout + out.stderr
-        assert out.stdout.count("stale:") == 5 and "lib/kv_pool.py changed" in out.stdout
+        assert out.stdout.count("stale:") == 6 and "lib/kv_pool.py changed" in out.stdout
     finally:
         pool.write_text(original)
     assert stale_chapters(book) == []
@@ -86,7 +86,7 @@ def test_a_new_import_joins_the_closure(book):
         reasons = dict(results.stale_results(book / "results", book))
         stale = {p.stem: r for p, r in reasons.items()}
         assert sorted(stale) == ["05-prefix-caching", "06-batching", "07-decode-step", "08-serving-engine",
-                                 "09-quantization"]
+                                 "09-quantization", "10-parallelism"]
         assert "lib/workloads.py is new to the measuring code" in stale["06-batching"]
     finally:
         pool.write_text(original)
