@@ -81,6 +81,13 @@ HEADLINES = [
      "decode step of Llama-3-8B's shapes, batch 1, int4 weights: speedup over the bf16 step", "x"),
     ("09-quantization", "fp8_kv_speedup_16k_min",
      "decode attention over an FP8 KV cache, contexts from 16k tokens: least speedup over the bf16 cache", "x"),
+    ("10-parallelism", "tp2_rank_speedup_b1",
+     "one rank of tensor parallelism 2, Llama-3-8B's decode step at batch 1, before its all-reduces: speedup over "
+     "one GPU", "x"),
+    ("10-parallelism", "tp2_breakeven_b1_us",
+     "predicted all-reduce latency at which TP 2 stops paying for that step at batch 1", "us"),
+    ("10-parallelism", "ep_hot_rank_slowdown_measured_max",
+     "MoE layer, experts on 2 to 8 ranks, skewed routing: slowest rank's expert time over the mean rank's", "x"),
 ]
 
 
