@@ -71,6 +71,19 @@ def check_tp(cfg: Config, world) -> None:
                              f"divides heads ({cfg.heads}), kv_heads ({cfg.kv_heads}) and mlp ({cfg.mlp}): one of {ok}")
 
 
+class _RankModel(TinyLlama):
+    """A ``TinyLlama`` of one rank's configuration holding that rank's weights, whose output products add the
+    ranks' partial sums before the residual (``reduce_add``, set by its ``TPShard``): the rest of the step
+    (norms, RoPE, the K/V write, decode attention over the rank's heads, the head) is ``TinyLlama.decode``'s."""
+
+    reduce_add = None
+
+    def _attn_out_and_mlp(self, L, x, o):
+        x = self.reduce_add(x, o.reshape(-1, self.cfg.heads * self.cfg.head_dim) @ L["wo"])
+        g, u = (self._norm(x, L["mlp_norm"]) @ L["wgu"]).chunk(2, dim=-1)
+        return self.reduce_add(x, (F.silu(g) * u) @ L["wd"])
+
+
 class TPShard:
     """Rank ``rank`` of ``world``'s share of a ``TinyLlama`` (see the module); build it with ``shard``.
 
@@ -101,14 +114,15 @@ class TPShard:
                 "mlp_norm": L["mlp_norm"],
                 "wgu": torch.cat([L["wgu"][:, g_cols], L["wgu"][:, u_cols]], 1),
                 "wd": L["wd"][g_cols].contiguous()})
-        # a TinyLlama of the rank's configuration holding the rank's weights: its norm, RoPE, slot and QKV
-        # helpers then work on the rank's heads unchanged
-        local = TinyLlama.__new__(TinyLlama)
+        # a TinyLlama of the rank's configuration holding the rank's weights: its decode step then works on
+        # the rank's heads unchanged, with the two reductions in _RankModel._attn_out_and_mlp
+        local = _RankModel.__new__(_RankModel)
         local.cfg, local.dtype, local.device = self.cfg, m.dtype, m.device
         local.embed, local.layers, local.norm, local.head = m.embed, layers, m.norm, m.head
         local._inv_freq = m._inv_freq
         self.local, self.dtype, self.device = local, m.dtype, m.device
-        self.all_reduces = 0
+        self.all_reduces, self._group = 0, None
+        local.reduce_add = lambda x, part: self._reduce_add(x, part, self._group)
 
     @property
     def layers(self) -> list[dict]:
@@ -149,8 +163,6 @@ class TPShard:
         layer: norm, the rank's QKV product, RoPE, the K/V write into its pool, decode attention over its
         heads, its O product, all-reduce, residual; norm, its gate-up product, SiLU times up, its down
         product, all-reduce, residual. Two all-reduces per layer."""
-        from lib.kernels import decode_attention as da
-
         c, m = self.cfg, self.local
         if not isinstance(pool, KVPool) or pool.k is None:
             raise TypeError(f"pool must be a KVPool with storage, got {type(pool).__name__}: make it with new_pool")
@@ -160,31 +172,8 @@ class TPShard:
                              f"{c.layers} of {c.kv_heads} of {c.head_dim}: make the pool with this shard's new_pool "
                              "(a rank holds kv_heads / TP heads)")
         self._check_group(group)
-        bs = pool.block_size
-        ids = m._token_ids(tokens, check)
-        lens = seq_lens.to(device=self.device, dtype=torch.int32)
-        table = block_table.to(device=self.device, dtype=torch.int32)
-        if not len(ids) == len(lens) == len(table):
-            raise ValueError(f"a decode step takes one token, one length and one block-table row per request: got "
-                             f"{len(ids)} tokens, {len(lens)} lengths and {len(table)} rows")
-        pos = lens.long() - 1
-        if check and ((pos < 0).any() or (lens > table.shape[1] * bs).any()):
-            raise ValueError("every seq_len must be at least 1 and fit in the request's blocks")
-        batch = torch.arange(len(ids), device=self.device)
-        rows = m._slot_rows(pool, table[batch, pos // bs].long(), pos % bs)
-        rope = m._rope_tables(pos)
-        x = F.embedding(ids, m.embed)
-        plan = None
-        for li, L in enumerate(m.layers):
-            q = m._attn_in(li, L, x, rope, pool, rows).contiguous()
-            kc, vc = pool.k[li], pool.v[li]
-            if plan is None:
-                plan = da.DecodeAttention(q, kc, vc, table, lens, check=check)
-            o = plan(q, kc, vc, table, lens)
-            x = self._reduce_add(x, o.reshape(-1, c.heads * c.head_dim) @ L["wo"], group)
-            g, u = (m._norm(x, L["mlp_norm"]) @ L["wgu"]).chunk(2, dim=-1)
-            x = self._reduce_add(x, (F.silu(g) * u) @ L["wd"], group)
-        return m._norm(x, m.norm) @ m.head
+        self._group = group
+        return m.decode(tokens, pool, block_table, seq_lens, check=check)
 
 
 def shard(m: TinyLlama, rank: int, world: int) -> TPShard:
