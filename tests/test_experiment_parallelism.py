@@ -87,3 +87,13 @@ def test_expert_ranks_by_hand():
         px.ep_rank_us(counts, 3, 8, 8, b=2, BW_GBps=1.0, P_TFLOPs=1.0, kernel_alpha_us=0.0)
     with pytest.raises(ValueError, match="lie in"):
         px.expert_counts(torch.tensor([[4]]), 4)
+
+
+def test_a_part_without_a_prediction_leaves_the_step_unpredicted(ch7):
+    # on a CPU chapter 7 has no kernel profile, so its parts have no kernel counts: NaN, never a step of 0 us
+    a, _ = ch7
+    nan = float("nan")
+    assert px.tp_speedup(a, nan, 1, 1024, 2, 10.0, 400.0) != px.tp_speedup(a, nan, 1, 1024, 2, 10.0, 400.0)
+    rows = [{"B": 1, "L": 1024, "tp": 2, "round": 0, "gpu_us": 100.0, "call_us": 120.0}]
+    t = px.tp_rank_table(rows, a, nan)
+    assert t["predicted (us)"].isna().all() and t["measured / predicted"].isna().all()

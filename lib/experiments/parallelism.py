@@ -110,9 +110,10 @@ def tp_step(a: decode_step.Analysis, kernel_alpha_us: float, B: int, L: int, tp:
 
 
 def tp_speedup(a, kernel_alpha_us, B, L, tp, ar_alpha_us, busbw_GBps, path="fused") -> float:
-    """The predicted step on one GPU over the predicted step on ``tp`` ranks."""
-    one = tp_step(a, kernel_alpha_us, B, L, 1, ar_alpha_us, busbw_GBps, path)["predicted (us)"].sum()
-    return float(one / tp_step(a, kernel_alpha_us, B, L, tp, ar_alpha_us, busbw_GBps, path)["predicted (us)"].sum())
+    """The predicted step on one GPU over the predicted step on ``tp`` ranks (NaN where a part has no
+    prediction: chapter 7's kernel counts come from a GPU profile)."""
+    one = tp_step(a, kernel_alpha_us, B, L, 1, ar_alpha_us, busbw_GBps, path)["predicted (us)"].sum(skipna=False)
+    return float(one / tp_step(a, kernel_alpha_us, B, L, tp, ar_alpha_us, busbw_GBps, path)["predicted (us)"].sum(skipna=False))
 
 
 def breakeven_alpha_us(a, kernel_alpha_us, B, L, tp, busbw_GBps, path="fused") -> float:
@@ -120,8 +121,8 @@ def breakeven_alpha_us(a, kernel_alpha_us, B, L, tp, busbw_GBps, path="fused") -
     split saves, less the all-reduces' bytes, over their number (negative: TP never pays at that shape)."""
     if tp < 2:
         raise ValueError("a break-even needs at least two ranks")
-    one = tp_step(a, kernel_alpha_us, B, L, 1, 0.0, busbw_GBps, path)["predicted (us)"].sum()
-    split = tp_step(a, kernel_alpha_us, B, L, tp, 0.0, busbw_GBps, path)["predicted (us)"].sum()
+    one = tp_step(a, kernel_alpha_us, B, L, 1, 0.0, busbw_GBps, path)["predicted (us)"].sum(skipna=False)
+    split = tp_step(a, kernel_alpha_us, B, L, tp, 0.0, busbw_GBps, path)["predicted (us)"].sum(skipna=False)
     return float((one - split) / (2 * a.cfg.layers))
 
 
@@ -385,7 +386,7 @@ def tp_rank_table(rows: list[dict], a: decode_step.Analysis, kernel_alpha_us: fl
     for (B, L, tp), g in df.groupby(["B", "L", "tp"]):
         gpu = g["gpu_us"].astype(float)
         pred = tp_step(a, kernel_alpha_us, int(B), int(L), int(tp), 0.0, 1.0)
-        pred = float(pred[pred["part"] != "all-reduces"]["predicted (us)"].sum())
+        pred = float(pred[pred["part"] != "all-reduces"]["predicted (us)"].sum(skipna=False))
         med = float(gpu.median())
         out.append({"B": int(B), "L": int(L), "tp": int(tp), "GPU time (us)": med,
                     "round spread": float((gpu.max() - gpu.min()) / med), "call time (us)": float(g["call_us"].median()),
