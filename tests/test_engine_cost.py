@@ -115,15 +115,6 @@ def test_periods_run_to_the_next_start_only_while_requests_run():
     assert short.decode_s < D0_S - 5e-4
 
 
-def test_nonneg_lstsq_drops_a_negative_coefficient_and_refits():
-    import numpy as np
-
-    A = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
-    y = np.array([3.0, 2.0, 1.0])  # y = 4 - x: the slope would be negative
-    x = service_fit.nonneg_lstsq(A, y)
-    assert x[1] == 0.0 and x[0] == pytest.approx(2.0)
-
-
 def test_service_fit_refuses_too_few_steps():
     with pytest.raises(ValueError, match="longer run"):
         service_fit.fit_steps([service_run()[:3]], SIZES)

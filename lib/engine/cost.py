@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lib.bench import fit as least_squares
 from lib.serving.cost_model import MeasuredCostModel
 
 
@@ -81,6 +82,6 @@ def fit(points: list[dict], graph_batch_sizes) -> EngineCostModel:
     pad = EngineCostModel(MeasuredCostModel.fitted(ms, s, alpha, 0.0, 0.0), 0.0, 0.0, 0.0, sizes).padded
     A = np.array([[1.0, pad(p["B"]), p["B"] * p["ctx"]] for p in dec])
     y = np.array([p["seconds"] for p in dec])
-    d0, d1, beta = (float(v) for v in np.linalg.lstsq(A, y, rcond=None)[0])
+    d0, d1, beta = (float(v) for v in least_squares.lstsq(A, y))
     d1, beta = max(d1, 0.0), max(beta, 0.0)
     return EngineCostModel(MeasuredCostModel.fitted(ms, s, alpha, 0.0, beta), max(d0, 0.0), d1, beta, sizes)

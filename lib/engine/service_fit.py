@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lib.bench import fit
 from lib.engine.cost import EngineCostModel
 from lib.serving.cost_model import MeasuredCostModel
 
@@ -52,20 +53,6 @@ class DetailedCostModel:
         if prefills:
             return t + self.eta_s_per_prefill * (prefills - 1)
         return t + self.gamma_s_per_ctx_token * decode_ctx_max
-
-
-def nonneg_lstsq(A: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with every coefficient >= 0: a coefficient that comes out negative is set to 0 and the
-    rest refitted, the most negative first (enough for the two to four columns here)."""
-    keep = list(range(A.shape[1]))
-    while True:
-        x = np.zeros(A.shape[1])
-        if keep:
-            x[keep] = np.linalg.lstsq(A[:, keep], y, rcond=None)[0]
-        neg = [j for j in keep if x[j] < 0]
-        if not neg:
-            return x
-        keep.remove(min(neg, key=lambda j: x[j]))
 
 
 def periods(run: list[dict]) -> list[dict]:
@@ -104,15 +91,15 @@ def fit_steps(runs: list[list[dict]], graph_batch_sizes, *, detail: bool = False
                          "them (measured before the engine recorded them); fit with detail=False")
     A, y = _relative(dec, [[1.0, pad(s["decode_tokens"]), s["decode_kv"] + s["decode_tokens"]]
                            + ([s["decode_ctx_max"]] if detail else []) for s in dec])
-    d0, d1, beta, *gamma = (float(v) for v in nonneg_lstsq(A, y))
+    d0, d1, beta, *gamma = (float(v) for v in fit.nonneg_lstsq(A, y))
     M = np.array([s["prefill_tokens"] + s["decode_tokens"] for s in pre], dtype=float)
     rest = np.array([[s["prefill_work"], s["decode_kv"] + s["decode_tokens"]]
                      + ([s["batch"] - s["decode_tokens"] - 1] if detail else []) for s in pre], dtype=float)
     best = None
     for knee in (2.0 ** (e / 4) for e in range(16, 65)):  # M* from 16 to 65,536 tokens, four per octave
         A, y = _relative(pre, np.column_stack([np.maximum(1.0, M / knee), rest]))
-        x = nonneg_lstsq(A, y)
-        err = float(np.sum((A @ x - y) ** 2))
+        x = fit.nonneg_lstsq(A, y)
+        err = fit.residual(A, x, y)
         if best is None or err < best[0]:
             best = (err, float(knee), x)
     _, knee, (h, alpha, beta_p, *eta) = best

@@ -39,7 +39,7 @@ import pandas as pd
 import torch
 
 from lib import llama, model
-from lib.bench import timing
+from lib.bench import fit, timing
 from lib.experiments import decode_step, require, step_model
 
 COLLECTIVES = ("all_reduce", "all_to_all")
@@ -72,7 +72,7 @@ def fit_collective(rows: list[dict], kind: str, world: int) -> tuple[float, floa
     pts = np.array([(r["bytes"] * f, r["us"]) for r in rows], dtype=float)
     if len(np.unique(pts[:, 0])) < 2:
         raise ValueError("a line needs points of at least two sizes")
-    slope, intercept = np.polyfit(pts[:, 0], pts[:, 1], 1)
+    intercept, slope = fit.fit_line(pts[:, 0].tolist(), pts[:, 1].tolist())
     if not slope > 0:
         raise ValueError(f"the time does not grow with the bytes (slope {slope:.3g} us/byte): not a bandwidth-bound sweep")
     return float(intercept), float(1e-3 / slope)
