@@ -93,3 +93,50 @@ def test_parameters_are_read_as_python_literals():
         assert book.parameter_names(path) == ["mode", "fraction"]
     finally:
         path.unlink()
+
+
+def test_check_fresh_of_a_folder_that_is_not_there_is_an_error(capsys, tmp_path):
+    assert book.main(["check-fresh", "--results-dir", str(tmp_path / "nonexistent")]) == 2
+    err = capsys.readouterr().err
+    assert "nonexistent does not exist: there are no results there to check" in err
+    (tmp_path / "file").write_text("x")
+    assert book.main(["check-fresh", "--results-dir", str(tmp_path / "file")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
+
+
+def test_measuring_asked_through_a_parameter_or_the_environment_is_refused_without_a_gpu(monkeypatch, capsys):
+    ran = []
+    for var in (book.results.MODE_ENV, "PYTHONPATH"):
+        monkeypatch.setenv(var, os.environ.get(var, ""))
+    monkeypatch.setattr(book, "_has_cuda", lambda: False)
+    monkeypatch.setattr(book, "execute", lambda *a, **k: ran.append(a))
+    assert book.main(["run", "03-kv-cache", "-p", "mode=measure"]) == 2
+    assert "no CUDA GPU here" in capsys.readouterr().err
+    assert book.main(["run", "03-kv-cache", "-p", "mode=measure", "--device", "cuda"]) == 2
+    assert book.main(["run", "03-kv-cache", "-p", "mode=replay", "--mode", "measure"]) == 2
+    assert "disagree" in capsys.readouterr().err
+    assert book.main(["run", "03-kv-cache", "-p", "mode=bogus"]) == 2
+    assert "mode='bogus' is not one of auto, measure, replay" in capsys.readouterr().err
+    monkeypatch.setenv(book.results.MODE_ENV, "measure")
+    assert book.main(["run", "03-kv-cache"]) == 2
+    assert ran == []
+
+
+def test_a_run_with_changed_parameters_never_rewrites_the_committed_notebook(monkeypatch, capsys):
+    ran = []
+    for var in (book.results.MODE_ENV, "PYTHONPATH"):
+        monkeypatch.setenv(var, os.environ.get(var, ""))
+    monkeypatch.setattr(book, "_has_cuda", lambda: False)
+    monkeypatch.setattr(book, "execute", lambda nb, out, params, **k: ran.append((nb, out, params)))
+    exercises = book.ROOT / book.EXERCISES
+    committed = book.ROOT / "notebooks" / "03-kv-cache.ipynb"
+    for argv in (["-p", "gpu_memory_utilization=0.8"], ["-p", "device='cuda'"], ["--device", "cpu", "--mode", "measure"],
+                 ["--size", "smoke"]):
+        ran.clear()
+        assert book.main(["run", "03-kv-cache", "--mode", "replay", *argv] if "--mode" not in argv
+                         else ["run", "03-kv-cache", *argv]) == 0, argv
+        (nb, out, params), = ran
+        assert nb == committed and out == exercises / "03-kv-cache.ipynb", argv
+    ran.clear()
+    assert book.main(["run", "03-kv-cache", "--mode", "replay"]) == 0  # make notebooks: in place, as documented
+    assert ran == [(committed, committed, {})]

@@ -755,6 +755,32 @@ def test_a_folder_that_takes_no_lock_stops_before_measuring(repo, monkeypatch):
         "run this again.")
 
 
+def test_a_read_only_lock_file_a_killed_writer_left_is_named_not_the_folder(tmp_path, monkeypatch):
+    """A lock file that exists but cannot be opened for writing, in a writable folder: the message names the
+    lock file and says to delete it (no process holds it), not to make the folder writable. (As root a mode
+    0444 file still opens for writing, so the refusal is simulated.)"""
+    path = tmp_path / "cpu" / "exp.json"
+    path.parent.mkdir()
+    lock_file = path.with_name(".exp.json.lock")
+    lock_file.write_text("pid 1, since then\n")
+    lock_file.chmod(0o444)
+    real_open = os.open
+
+    def read_only(file, flags, *a, **k):
+        if Path(file) == lock_file and flags & (os.O_RDWR | os.O_WRONLY):
+            raise PermissionError(13, "Permission denied")
+        return real_open(file, flags, *a, **k)
+
+    monkeypatch.setattr(os, "open", read_only)
+    with pytest.raises(ResultsError) as e:
+        results.write(path, {"x": 1})
+    assert str(e.value) == (
+        f"{path.as_posix()} cannot be written: its lock file {lock_file.as_posix()} cannot be opened for writing "
+        f"(Permission denied), though its folder is writable; no process holds it, so a writer that was killed left "
+        f"it: delete {lock_file.as_posix()}, then run this again.")
+    assert not path.exists()
+
+
 def test_a_measurement_is_refused_at_once_while_another_writes_its_file(repo):
     holder = hold(repo / "results" / "cpu" / "exp.json")
     try:
@@ -810,26 +836,30 @@ def test_a_measurement_that_cannot_be_written_is_kept_and_its_key_named(repo, ca
 
 
 def test_a_write_the_disk_refuses_keeps_the_measurement_beside_or_elsewhere(repo, monkeypatch, tmp_path_factory):
-    def full(src, dst):
-        raise OSError(28, "No space left on device")
+    run = Run("exp", mode="measure", device="cpu", root=repo)
+    real_replace, real_mkstemp = os.replace, results.tempfile.mkstemp
+
+    def full(src, dst):  # the results file's rename fails as on a full disk; other renames go through
+        if Path(dst) == run.path:
+            raise OSError(28, "No space left on device")
+        return real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", full)
-    run = Run("exp", mode="measure", device="cpu", root=repo)
     with pytest.raises(results.WriteFailed, match=r"could not be written: OSError: \[Errno 28\] No space") as e:
         run.measure_or_replay({"n": 1}, lambda p, d: {"x": 7})
     assert e.value.rescue.parent == run.path.parent and json.loads(e.value.rescue.read_text())["data"] == {"x": 7}
     assert not run.path.exists() and [p.name for p in run.path.parent.iterdir()] == [e.value.rescue.name]
+    e.value.rescue.unlink()
 
     elsewhere = tmp_path_factory.mktemp("system-tmp")
     monkeypatch.setattr(results.tempfile, "gettempdir", lambda: str(elsewhere))
-    real_write_text = Path.write_text
 
-    def read_only_folder(self, *a, **k):
-        if self.parent == run.path.parent:
+    def read_only_folder(*a, dir=None, **k):  # no new file can be made in the results folder
+        if Path(dir) == run.path.parent:
             raise PermissionError(13, "Permission denied")
-        return real_write_text(self, *a, **k)
+        return real_mkstemp(*a, dir=dir, **k)
 
-    monkeypatch.setattr(Path, "write_text", read_only_folder)
+    monkeypatch.setattr(results.tempfile, "mkstemp", read_only_folder)
     with pytest.raises(results.WriteFailed) as e:
         run.measure_or_replay({"n": 1}, lambda p, d: {"x": 8})
     assert e.value.rescue.parent == elsewhere and json.loads(e.value.rescue.read_text())["data"] == {"x": 8}
@@ -840,6 +870,32 @@ def test_a_write_the_disk_refuses_keeps_the_measurement_beside_or_elsewhere(repo
     assert e.value.rescue is None
     assert f"No rescue file could be written either (no rescue file could be written beside {run.path.as_posix()} or " \
         f"in {run.path.parent.as_posix()}). Fix what stopped the write" in str(e.value)
+    assert [p.name for p in run.path.parent.iterdir()] == [], "a failed write or rescue left a file behind"
+
+
+def test_a_write_cut_by_a_file_size_limit_leaves_no_partial_file_anywhere(repo, monkeypatch, tmp_path_factory):
+    """Past the process's file size limit every write fails part-way (EFBIG): the results file, the rescue
+    beside it and the one in the temporary folder. None may stay behind truncated, and check-fresh, which
+    lists rescue files as measurements kept, must find nothing."""
+    import resource
+
+    elsewhere = tmp_path_factory.mktemp("system-tmp")
+    monkeypatch.setattr(results.tempfile, "gettempdir", lambda: str(elsewhere))
+    run = Run("exp", mode="measure", device="cpu", root=repo)
+    results.write(run.path, record("exp", data={"x": "old"}))
+    old = run.path.read_bytes()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, hard))  # 64 KiB; the record is about 1 MB
+    try:
+        with pytest.raises(results.WriteFailed, match="File too large") as e:
+            run.measure_or_replay({"n": 1}, lambda p, d: {"x": list(range(150_000))})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert e.value.rescue is None and "No rescue file could be written either" in str(e.value)
+    assert run.path.read_bytes() == old
+    assert [p.name for p in run.path.parent.iterdir()] == [run.path.name]
+    assert list(elsewhere.iterdir()) == []
+    assert [kind for kind, _, _ in results.audit(repo / "results", repo)] == ["stale"]  # the fake record only
 
 
 # ---------------------------------------------------------------------------- derived results record their inputs

@@ -27,6 +27,8 @@ sys.path.insert(0, str(ROOT))
 from lib.bench import results  # noqa: E402
 
 VOLATILE = ("papermill", "execution")
+DEVICES = ("auto", "cuda", "cpu")
+EXERCISES = Path("_build") / "runs"  # where a run with changed parameters writes its notebooks by default
 
 
 def _without_injected(path: Path):
@@ -50,6 +52,39 @@ def _tidy(path: Path) -> None:
     nbformat.write(nb, path)
 
 
+# The CPU's arithmetic kernels a replay runs on. Replaying computes every number from stored data, and a
+# float whose last digits moved changes a committed output, so the book's analyses sum in a fixed order
+# (lib.bench.fit) and nothing they print depends on these kernels. The test suite checks that on every run:
+# `make notebooks` replays with the first environment, nbval with the second: other BLAS kernels (SSE3's
+# against AVX2's), another thread count, numpy and torch without their vector paths. The kernel names are
+# x86-64's; elsewhere neither is set.
+NUMPY_SIMD = ("SSSE3 SSE41 POPCNT SSE42 AVX F16C FMA3 AVX2 AVX512F AVX512CD AVX512_KNL AVX512_KNM AVX512_SKX "
+              "AVX512_CLX AVX512_CNL AVX512_ICL AVX512_SPR")
+ARITHMETIC = {
+    "commit": {"OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"},
+    "check": {"OPENBLAS_CORETYPE": "Prescott", "OPENBLAS_NUM_THREADS": "2", "OMP_NUM_THREADS": "2",
+              "NPY_DISABLE_CPU_FEATURES": NUMPY_SIMD, "ATEN_CPU_CAPABILITY": "default"},
+}
+
+
+def arithmetic(which: str) -> dict[str, str]:
+    """The environment variables of replay environment ``which`` ("commit" or "check") on this machine: none
+    off x86-64, and AVX2's BLAS kernels only where the CPU has AVX2 (SSE3's are on every x86-64 CPU)."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return {}
+    env = dict(ARITHMETIC[which])
+    if env["OPENBLAS_CORETYPE"] == "Haswell":
+        try:
+            flags = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            flags = ""
+        if " avx2" not in flags:
+            env["OPENBLAS_CORETYPE"] = "Sandybridge"
+    return env
+
+
 def _has_cuda() -> bool:
     import torch
 
@@ -57,12 +92,33 @@ def _has_cuda() -> bool:
 
 
 def run(args) -> int:
-    if args.mode == "measure" and args.device == "auto" and not _has_cuda():
+    try:
+        extra = parse_parameters(getattr(args, "parameter", None) or [])
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
+    for key, default in (("mode", "auto"), ("device", "auto"), ("size", "auto"), ("reference", results.REFERENCE),
+                         ("results_dir", None)):
+        if key in extra:  # -p mode=measure is --mode measure: the same checks apply
+            value, flag = extra.pop(key), "--" + key.replace("_", "-")
+            if getattr(args, key) not in (default, value):
+                print(f"-p {key}={value} and {flag} {getattr(args, key)} disagree: give one", file=sys.stderr)
+                return 2
+            setattr(args, key, value)
+    for key, allowed in (("mode", results.MODES), ("device", DEVICES), ("size", results.SIZES)):
+        if getattr(args, key) not in allowed:
+            print(f"{key}={getattr(args, key)!r} is not one of {', '.join(allowed)}", file=sys.stderr)
+            return 2
+    mode = args.mode if args.mode != "auto" else os.environ.get(results.MODE_ENV) or "auto"
+    if mode == "measure" and args.device != "cpu" and not _has_cuda():
         print("no CUDA GPU here, so there is nothing to measure: the book's results are measured on a GPU "
               "(run this there), and replayed everywhere else (`make notebooks`). To measure the CPU smoke "
               "sizes on purpose, say so: --device cpu --size smoke --results-dir DIR --output-dir OUT.",
               file=sys.stderr)
         return 2
+    if mode == "replay":  # the committed outputs' arithmetic (see ARITHMETIC); a variable already set wins
+        for key, value in arithmetic("commit").items():
+            os.environ.setdefault(key, value)
     # The mode travels in the environment (it decides what mode="auto" does in every kernel), so the
     # notebooks keep their defaults and no papermill-injected cell is needed for it.
     if args.mode != "auto":
@@ -75,11 +131,6 @@ def run(args) -> int:
         params["reference"] = args.reference
     if args.results_dir:
         params["results_dir"] = str(Path(args.results_dir).resolve())
-    try:
-        extra = parse_parameters(getattr(args, "parameter", None) or [])
-    except ValueError as e:
-        print(e, file=sys.stderr)
-        return 2
     # The kernels import lib from this checkout, installed or not (a GPU node with its own python).
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     from tools.site import status
@@ -87,6 +138,11 @@ def run(args) -> int:
     names = args.notebooks or status.chapter_notebooks(ROOT)
     notebooks = [ROOT / "notebooks" / f"{n}.ipynb" for n in names]
     out_dir = Path(args.output_dir).resolve() if args.output_dir else None
+    # In place only for the book's two workflows: a measurement on this GPU at the full size (make measure) and
+    # a replay of a results set (make notebooks); a run with changed parameters (an exercise, a CPU smoke run)
+    # goes to EXERCISES unless --output-dir says where.
+    if out_dir is None and (extra or args.device != "auto" or args.size != "auto" or args.results_dir):
+        out_dir = ROOT / EXERCISES
     if out_dir:
         out_dir.mkdir(parents=True, exist_ok=True)
     for nb_path in notebooks:
@@ -170,7 +226,11 @@ def check_fresh(args) -> int:
     matches its digest, or it is misplaced or malformed), and any leftover temporary, lock or rescue file."""
     root = Path(args.root).resolve() if args.root else ROOT
     base = Path(args.results_dir) if args.results_dir else root / "results"
-    found = results.audit(base, root)
+    try:
+        found = results.audit(base, root)
+    except results.ResultsError as e:
+        print(e, file=sys.stderr)
+        return 2
     for kind, path, reasons in found:
         print(f"{kind}: {results.show(path, root)}: {'; '.join(reasons)}")
     if not found:
@@ -219,7 +279,7 @@ def main(argv=None) -> int:
     r = sub.add_parser("run", help="execute notebooks with papermill")
     r.add_argument("notebooks", nargs="*", help="names such as 00-the-machine (default: all, in chapter order)")
     r.add_argument("--mode", choices=results.MODES, default="auto")
-    r.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    r.add_argument("--device", choices=DEVICES, default="auto")
     r.add_argument("--size", choices=results.SIZES, default="auto")
     r.add_argument("--reference", default=results.REFERENCE)
     r.add_argument("--results-dir", default=None)

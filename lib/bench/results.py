@@ -252,6 +252,10 @@ def audit(results_dir: str | Path | None = None, root: Path = ROOT) -> list[tupl
     - "leftover": a temporary file or an unheld lock file that a killed writer left;
     - "rescued": a measurement kept after its write failed (``Run.measure_or_replay``)."""
     base = Path(results_dir or RESULTS)
+    if not base.is_dir():
+        what = "does not exist" if not base.exists() else "is not a folder"
+        raise ResultsError(f"{show(base)} {what}: there are no results there to check. Name the folder that holds "
+                           "one folder of results per device (the repository's results/ by default).")
     out = []
     for path in sorted(base.glob("*/*.json")):
         try:
@@ -340,6 +344,12 @@ def lock(path: str | Path) -> Iterator[None]:
                 break
             os.close(fd)
     except OSError as e:
+        if lock_file.exists() and os.access(path.parent, os.W_OK | os.X_OK):
+            why = ("another process holds it: wait for that writer to finish (or stop it)" if _held_elsewhere(lock_file)
+                   else f"no process holds it, so a writer that was killed left it: delete {show(lock_file)}")
+            raise ResultsError(f"{show(path)} cannot be written: its lock file {show(lock_file)} cannot be opened for "
+                               f"writing ({e.strerror or e}), though its folder is writable; {why}, then run this "
+                               "again.") from e
         raise ResultsError(f"{show(path)} cannot be written: its folder does not take the write lock ({e}). Make "
                            f"{show(path.parent)} writable, or write the results elsewhere (--results-dir), then "
                            "run this again.") from e
@@ -404,20 +414,7 @@ def write(path: str | Path, record: dict) -> None:
         for old in _leftovers(path):
             with contextlib.suppress(FileNotFoundError):
                 old.unlink()
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                os.fchmod(f.fileno(), FILE_MODE)
-                for i in range(0, len(text), 1 << 20):
-                    f.write(text[i : i + (1 << 20)])
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        _write_whole(path, text + "\n")
 
 
 def _refuse(path: Path, problem: str, notebook: str, slug: str, cls: type = ResultsError, also: str = ""):
@@ -573,12 +570,29 @@ def rescue(path: Path, record: dict) -> Path:
     for folder in (path.parent, Path(tempfile.gettempdir())):
         target = folder / f"{path.name}.rescued-{stamp}"
         try:
-            target.write_text(text + "\n")
-            target.chmod(FILE_MODE)
+            _write_whole(target, text + "\n")
             return target
         except OSError:
             continue
     raise OSError(f"no rescue file could be written beside {show(path)} or in {tempfile.gettempdir()}")
+
+
+def _write_whole(target: Path, text: str) -> None:
+    """Write ``text`` to ``target`` whole or not at all: a hidden temporary file in the same folder, synced,
+    then renamed; a write that fails part-way (a full disk, a file size limit) deletes its temporary file."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), FILE_MODE)
+            for i in range(0, len(text), 1 << 20):
+                f.write(text[i : i + (1 << 20)])
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def _normal(params: dict) -> dict:
