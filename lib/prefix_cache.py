@@ -28,7 +28,9 @@ reference; a block nobody holds stays in the pool with its content, evictable, a
 an uncached one is freed at once. When an allocation needs more blocks than are free, evictable blocks
 are evicted: the least recently released first (``policy="lru"``) or the first cached first
 (``policy="fifo"``). A finished request's blocks are released tail first, so a prefix's last blocks go
-before its first ones and what stays cached is still a prefix.
+before its first ones and what stays cached is still a prefix. A lease belongs to the cache that gave it:
+any other cache refuses to commit or release it, and changes nothing (over another pool its block
+numbers name other blocks; over the same pool, its blocks' keys and evictability are the first cache's).
 
 Chapters: 5.
 """
@@ -103,7 +105,8 @@ def _chain(ids: list[int], block_size: int, extra) -> list[bytes]:
 
 @dataclass
 class Lease:
-    """The blocks one request holds, in order, and how many of its tokens came from the cache."""
+    """The blocks one request holds, in order, and how many of its tokens came from the cache. ``cache`` is
+    the cache that gave it (``acquire``), over its pool: only that cache commits, releases or grows it."""
 
     tokens: list
     extra: tuple
@@ -112,6 +115,12 @@ class Lease:
     committed: int = 0  # leading blocks whose keys are registered
     keys: list[bytes] = field(default_factory=list)
     released: bool = False
+    cache: PrefixCache | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def pool(self) -> KVPool | None:
+        """The pool its blocks belong to."""
+        return None if self.cache is None else self.cache.pool
 
 
 class PrefixCache:
@@ -169,10 +178,23 @@ class PrefixCache:
         blocks = hits + self.pool.allocate(need)
         self.lookup_tokens += len(tokens)
         self.hit_tokens += len(hits) * bs
-        return Lease(tokens, extra, blocks, len(hits) * bs, committed=len(hits), keys=keys)
+        return Lease(tokens, extra, blocks, len(hits) * bs, committed=len(hits), keys=keys, cache=self)
+
+    def _own(self, lease: Lease) -> None:
+        """Refuse a lease this cache did not give: its block numbers mean nothing here (another pool), or
+        their references and keys are another cache's to keep (the same pool)."""
+        if not isinstance(lease, Lease):
+            raise TypeError(f"expected a Lease from this cache's acquire, got {type(lease).__name__} {lease!r}")
+        if lease.cache is not self:
+            where = ("no cache" if lease.cache is None else
+                     "another PrefixCache over the same pool" if lease.cache.pool is self.pool else
+                     "another PrefixCache over another pool")
+            raise ValueError(f"this lease was given by {where}, not by this cache: commit, release and grow a lease "
+                             "through the cache whose acquire gave it (lease.cache); nothing changed")
 
     def commit(self, lease: Lease) -> None:
         """Register the request's full blocks (their KV now computed) under their keys."""
+        self._own(lease)
         if lease.released:  # its uncached blocks are free again: registering them would serve another's KV
             raise ValueError("this lease was released already: commit a request's blocks before releasing it")
         for i in range(lease.committed, len(lease.keys)):
@@ -187,6 +209,7 @@ class PrefixCache:
 
     def release(self, lease: Lease) -> None:
         """The request is done: drop its references, tail first."""
+        self._own(lease)
         if lease.released:
             raise ValueError("this lease was released already")
         lease.released = True

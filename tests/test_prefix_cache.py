@@ -556,3 +556,38 @@ def test_keys_agree_exactly_when_the_prefix_and_the_extra_agree(a, b, bs, ea, eb
     same_extra = len(ea) == len(eb) and all(type(x) is type(y) and x == y for x, y in zip(ea, eb))
     for i in range(min(len(ka), len(kb))):
         assert (ka[i] == kb[i]) == (same_extra and a[: (i + 1) * bs] == b[: (i + 1) * bs])
+
+
+def _state(pool, cache):
+    return (list(pool.refs), list(pool._free), dict(cache.block_of), list(cache.evictable), cache.evictions)
+
+
+def test_a_lease_is_refused_by_every_cache_but_the_one_that_gave_it():
+    """Released through a second cache over the same pool, a lease's blocks would be freed while the first cache
+    still maps their keys (it would serve them to the next request as hits); through a cache over another
+    pool, its block numbers would drop the references of that pool's own requests. Both are refused, and
+    neither cache nor pool changes; the lease's own cache then takes it as if nothing had happened."""
+    pool, other_pool = KVPool(8, 4, storage=False), KVPool(8, 4, storage=False)
+    mine, same_pool, other = PrefixCache(pool), PrefixCache(pool), PrefixCache(other_pool)
+    lease = mine.acquire(list(range(9)))  # two full blocks and a partial one
+    mine.commit(lease)
+    theirs = other.acquire([50] * 9)  # the other pool's request holds the same block numbers
+    assert lease.blocks == theirs.blocks == [0, 1, 2] and lease.cache is mine and lease.pool is pool
+    for cache, where in ((same_pool, "another PrefixCache over the same pool"),
+                         (other, "another PrefixCache over another pool")):
+        before = _state(pool, mine), _state(pool, same_pool), _state(other_pool, other)
+        for call in (cache.commit, cache.release, cache.commit):
+            with pytest.raises(ValueError, match=f"^this lease was given by {where}, not by this cache: commit, "
+                                                 "release and grow a lease through the cache whose acquire gave it"):
+                call(lease)
+        assert (_state(pool, mine), _state(pool, same_pool), _state(other_pool, other)) == before
+        assert not lease.released
+    assert other_pool.refs[:3] == [1, 1, 1]  # the other pool's request keeps its blocks
+    later = mine.acquire([100] * 8)  # another request: two free blocks, none of the lease's
+    assert later.blocks == [3, 4] and later.hit_tokens == 0
+    shared = mine.acquire(list(range(8)) + [99])  # the lease's two full blocks, still held by it: shared
+    assert shared.blocks[:2] == [0, 1] and shared.hit_tokens == 8 and pool.refs[:3] == [2, 2, 1]
+    mine.release(lease)
+    assert pool.refs[:3] == [1, 1, 0] and pool.is_free(2)  # its partial block was never cached: freed
+    with pytest.raises(TypeError, match="expected a Lease"):
+        mine.release(lease.blocks)

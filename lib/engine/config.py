@@ -58,7 +58,12 @@ class SamplingParams:
             raise RequestError(f"temperature must be a finite number >= 0 (0 for greedy), got {self.temperature!r}")
         if not (_real(self.top_p) and 0 < self.top_p <= 1):
             raise RequestError(f"top_p must lie in (0, 1] (1 keeps every token), got {self.top_p!r}")
-        stops = tuple(self.stop_token_ids)
+        stops = self.stop_token_ids
+        if isinstance(stops, (str, bytes)) or not hasattr(stops, "__iter__"):
+            hint = f": write one stop token as ({stops!r},)" if _whole(stops, 0) else ""
+            raise RequestError(f"stop_token_ids must be a tuple or list of token ids (ints >= 0), got "
+                               f"{type(stops).__name__} {stops!r}{hint}")
+        stops = tuple(stops)
         if not all(_whole(t, 0) for t in stops):
             raise RequestError(f"stop_token_ids must be token ids (ints >= 0), got {self.stop_token_ids!r}")
         object.__setattr__(self, "stop_token_ids", stops)

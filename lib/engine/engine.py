@@ -17,10 +17,10 @@ Two runners: ``lib.engine.runner.ModelRunner`` runs a real model (``LLMEngine.fr
 the simulator comparable decision by decision.
 
 Bad requests raise ``RequestError`` (an empty prompt, ids outside the vocabulary, more tokens than
-``max_model_len`` or the pool holds, bad sampling parameters) and change nothing; a request arriving
-when ``max_queue`` requests wait raises ``EngineOverloaded``. Both are counted by reason (``rejects``).
-``add_request`` and ``abort`` may be called from another thread than ``step`` (the asyncio front end
-does): they only append to queues the step drains.
+``max_model_len`` or the pool holds, bad sampling parameters, an arrival the clock has not reached) and
+change nothing; a request arriving when ``max_queue`` requests wait raises ``EngineOverloaded``. Both are
+counted by reason (``rejects``). ``add_request`` and ``abort`` may be called from another thread than
+``step`` (the asyncio front end does): they only append to queues the step drains.
 
 Chapters: 8.
 """
@@ -32,6 +32,7 @@ import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable
+from numbers import Real
 
 from lib.engine.config import EngineConfig, RequestError, SamplingParams
 from lib.engine.scheduler import ABORTED, FINISHED, Plan, Request, Scheduler
@@ -59,9 +60,13 @@ class CostRunner:
     """Runs no model: each step lasts ``cost.step(tokens, prefill work, KV read)`` seconds of ``clock``
     (chapter 6's cost model and its arguments, ``lib.serving.cost_model``), and a request's next token is
     a fixed function of its id and length (greedy and reproducible; never a stop token unless one is
-    chosen so)."""
+    chosen so). ``cost`` has ``step`` (or ``step_detail``, asked instead when present), returning a
+    finite number of seconds >= 0; anything else stops the step before the clock moves."""
 
     def __init__(self, cost, clock: VirtualClock, vocab: int):
+        if not callable(getattr(cost, "step_detail", None)) and not callable(getattr(cost, "step", None)):
+            raise TypeError(f"the cost model must have a method step(tokens, prefill_work, kv_tokens) returning the "
+                            f"step's time in seconds (a finite float >= 0), got {type(cost).__name__} {cost!r}")
         self.cost, self.clock, self.vocab = cost, clock, vocab
 
     def run(self, plan: Plan):
@@ -73,7 +78,12 @@ class CostRunner:
         dt = (detail(tokens, work, kv, prefills=len(plan.prefills),
                      decode_ctx_max=max((x.length for x in plan.decodes), default=0))
               if detail is not None else self.cost.step(tokens, work, kv))
-        self.clock.advance_to(self.clock.now + dt)
+        if not (isinstance(dt, Real) and not isinstance(dt, bool) and math.isfinite(dt) and dt >= 0):
+            asked = "step_detail" if detail is not None else "step"
+            raise (TypeError if not isinstance(dt, Real) or isinstance(dt, bool) else ValueError)(
+                f"the cost model's {asked}({tokens}, {work}, {kv}) returned {dt!r}: a cost model must return the "
+                "step's time in seconds, a finite float >= 0")
+        self.clock.advance_to(self.clock.now + float(dt))
         out = [(x.id * 7919 + x.length * 104729) % self.vocab for x in plan.sampled]
         return StepResult(out, dt, 0.0, False)
 
@@ -138,7 +148,8 @@ class LLMEngine:
                     arrival: float | None = None) -> int:
         """Queue a request for the tokens ``prompt`` (ids); returns its id. ``arrival``: when it arrived on the
         engine's clock (default: now), from which its latencies count. Raises ``RequestError`` for a bad
-        request and ``EngineOverloaded`` when ``max_queue`` requests wait; either way nothing changed."""
+        request and ``EngineOverloaded`` when ``max_queue`` requests wait; either way nothing changed. An
+        ``arrival`` after the clock's reading now is refused: a request cannot arrive before it is added."""
         sampling = SamplingParams() if sampling is None else sampling
         try:
             if not isinstance(sampling, SamplingParams):
@@ -158,8 +169,14 @@ class LLMEngine:
                 raise RequestError(f"{total} tokens need {self.pool.blocks_for(total)} KV blocks of "
                                    f"{self.pool.block_size}, more than the pool's {self.usable_blocks}: shorten the "
                                    "request or give the engine more blocks")
-            if arrival is not None and not (isinstance(arrival, (int, float)) and math.isfinite(arrival)):
-                raise RequestError(f"arrival must be a finite time on the engine's clock, got {arrival!r}")
+            if arrival is not None:
+                if not (isinstance(arrival, Real) and not isinstance(arrival, bool) and math.isfinite(arrival)):
+                    raise RequestError(f"arrival must be a finite time on the engine's clock, got {arrival!r}")
+                now = self.clock()
+                if arrival > now:
+                    raise RequestError(f"arrival {float(arrival)!r} is {float(arrival) - now:.6g} s in the future: the "
+                                       f"engine's clock reads {now!r} now; give a time the clock has reached (when "
+                                       "the request arrived), or none for now")
         except RequestError:
             self.rejects["invalid"] += 1
             raise
@@ -178,6 +195,11 @@ class LLMEngine:
     def close(self) -> None:
         """No request will be added any more: batches and windows stop waiting for more."""
         self.scheduler.arrivals_done = True
+
+    @property
+    def kv_blocks_in_use(self) -> int:
+        """KV blocks held by requests now: the usable blocks less those free or cached and unreferenced."""
+        return self.usable_blocks - self.pool.free_count - len(self.scheduler.cache.evictable)
 
     @property
     def unfinished(self) -> int:
@@ -238,7 +260,7 @@ class LLMEngine:
             "decode_tokens": len(plan.decodes), "decode_kv": sum(x.length - 1 for x in plan.decodes),
             "decode_ctx_max": max((x.length for x in plan.decodes), default=0),
             "prefill_work": sum((e - st) * (st + (e - st) / 2) for _, st, e in plan.prefills),
-            "kv_blocks": self.usable_blocks - self.pool.free_count - len(s.cache.evictable),
+            "kv_blocks": self.kv_blocks_in_use,
             "cached_blocks": len(s.cache.block_of), "prefix_hit_tokens": hits, "prefix_query_tokens": queries, "queued": s.queued,
             "running": len(s.running), "rejects": sum(self.rejects.values()), "gpu_s": res.gpu_s,
             "host_s": host, "graph": res.graph}

@@ -13,6 +13,9 @@ arrival to last finish); ``goodput`` counts only the tokens of requests that met
 KV blocks in use and the batch of the last step; counters of prompt and generated tokens, requests
 finished, rejected (by reason) and pre-empted, prefix-cache hit and query tokens, and the step's GPU and
 host seconds. ``text()`` is the page a Prometheus server scrapes; ``serve(port)`` serves it over HTTP.
+What describes the engine now (requests running and waiting, KV in use, rejects) is read from the engine
+when the page is made, so it is right between steps too (after an abort, or a request refused since the
+last step); what a step did (its batch, tokens, latencies) is recorded after each step.
 
 Chapters: 8.
 """
@@ -65,8 +68,36 @@ def decomposition(results: list[dict], kind: str | None = None, q: float = 50) -
             "other": sim_metrics.percentile(other, q), "ttft": sim_metrics.percentile([r["ttft"] for r in rs], q)}
 
 
+class _Scraped:
+    """A metric read from the engine each time the page is made, rather than set by the steps: ``read()``
+    gives its value, or with ``label`` a {label value: value} dict. ``kind`` "gauge" or "counter" (a counter's
+    reading must only grow, as ``LLMEngine.rejects`` does)."""
+
+    def __init__(self, registry, kind: str, name: str, doc: str, read, label: str | None = None):
+        self.kind, self.name, self.doc, self.read, self.label = kind, name, doc, read, label
+        registry.register(self)
+
+    def _family(self, samples):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        cls = CounterMetricFamily if self.kind == "counter" else GaugeMetricFamily
+        if self.label is None:
+            return cls(self.name, self.doc) if samples is None else cls(self.name, self.doc, value=samples)
+        family = cls(self.name, self.doc, labels=[self.label])
+        for key, value in sorted((samples or {}).items()):
+            family.add_metric([key], value)
+        return family
+
+    def collect(self):
+        return [self._family(self.read())]
+
+    def describe(self):
+        return [self._family(None)]
+
+
 class PrometheusExporter:
-    """The engine's metrics for Prometheus (see the module), updated after every step of ``engine``."""
+    """The engine's metrics for Prometheus (see the module): the engine's state read at each scrape, each
+    step's work recorded after every step of ``engine``."""
 
     def __init__(self, engine, *, registry=None, prefix: str = "engine"):
         import prometheus_client as pc
@@ -84,15 +115,21 @@ class PrometheusExporter:
         self.itl = h("inter_token_latency_seconds", "Every gap between two tokens of a request", TPOT_BUCKETS)
         self.e2e = h("e2e_request_latency_seconds", "Arrival to last token", E2E_BUCKETS)
         self.queue_time = h("request_queue_time_seconds", "Arrival to first admission", TTFT_BUCKETS)
-        self.running = pc.Gauge(f"{n}_num_requests_running", "Requests in the running batch", registry=r)
-        self.waiting = pc.Gauge(f"{n}_num_requests_waiting", "Requests in the queues", registry=r)
-        self.kv_usage = pc.Gauge(f"{n}_kv_cache_usage_perc", "KV blocks held by requests, over the usable blocks",
-                                 registry=r)
+        e = engine
+        self.running = _Scraped(r, "gauge", f"{n}_num_requests_running", "Requests in the running batch",
+                                lambda: len(e.scheduler.running))
+        self.waiting = _Scraped(r, "gauge", f"{n}_num_requests_waiting",
+                                "Requests waiting for admission (queued, or added since the last step)",
+                                lambda: max(0, e.unfinished - len(e.scheduler.running)))
+        self.kv_usage = _Scraped(r, "gauge", f"{n}_kv_cache_usage_perc",
+                                 "KV blocks held by requests, over the usable blocks",
+                                 lambda: e.kv_blocks_in_use / e.usable_blocks if e.usable_blocks else 0.0)
         self.batch = pc.Gauge(f"{n}_step_batch_size", "Requests in the last step (prefill and decode)", registry=r)
         self.prompt_tokens = pc.Counter(f"{n}_prompt_tokens", "Prompt tokens prefilled", registry=r)
         self.generation_tokens = pc.Counter(f"{n}_generation_tokens", "Tokens generated", registry=r)
         self.success = pc.Counter(f"{n}_request_success", "Requests finished", ["finish_reason"], registry=r)
-        self.rejects = pc.Counter(f"{n}_request_rejects", "Requests turned away", ["reason"], registry=r)
+        self.rejects = _Scraped(r, "counter", f"{n}_request_rejects", "Requests turned away",
+                                lambda: dict(e.rejects), "reason")
         self.preemptions = pc.Counter(f"{n}_num_preemptions", "Requests pre-empted (KV dropped, recomputed)",
                                       registry=r)
         self.hits = pc.Counter(f"{n}_prefix_cache_hits", "Prompt tokens found in the prefix cache", registry=r)
@@ -100,15 +137,10 @@ class PrometheusExporter:
                                   registry=r)
         self.gpu_seconds = pc.Counter(f"{n}_step_gpu_seconds", "GPU time of the steps", registry=r)
         self.host_seconds = pc.Counter(f"{n}_step_host_seconds", "Host time of the steps", registry=r)
-        self._rejects_seen: dict[str, int] = {}
         engine.on_step(self.observe)
 
     def observe(self, record: dict, finished) -> None:
         """Update the metrics with one step's record and the requests it finished."""
-        e = self.engine
-        self.running.set(record["running"])
-        self.waiting.set(record["queued"])
-        self.kv_usage.set(record["kv_blocks"] / e.usable_blocks)
         self.batch.set(record["batch"])
         self.prompt_tokens.inc(record["prefill_tokens"])
         self.generation_tokens.inc(len(record["yielded"]))
@@ -118,11 +150,6 @@ class PrometheusExporter:
         if not math.isnan(record["gpu_s"]):
             self.gpu_seconds.inc(record["gpu_s"])
         self.host_seconds.inc(max(0.0, record["host_s"]))
-        for reason, count in e.rejects.items():
-            new = count - self._rejects_seen.get(reason, 0)
-            if new:
-                self.rejects.labels(reason=reason).inc(new)
-                self._rejects_seen[reason] = count
         for x in finished:
             r = x.result()
             self.success.labels(finish_reason=r["finish_reason"]).inc()

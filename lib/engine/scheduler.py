@@ -133,6 +133,7 @@ class EngineCache(PrefixCache):
 
     def grow(self, lease: Lease) -> None:
         """Append one new block to ``lease``; ``PoolExhausted`` (nothing changed) if none is free or evictable."""
+        self._own(lease)
         if not self.pool.free_count:
             if not self.evictable:
                 raise PoolExhausted("no block is free or evictable")

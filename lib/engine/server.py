@@ -6,11 +6,23 @@ taken in then, and the step's tokens are handed to their streams then (a step jo
 its start anyway). Running the step in a second thread would let the two threads fight over Python's
 interpreter lock: the loop's work on the streams then lengthens every step. ``generate`` adds a request
 and yields its tokens as the steps produce them; a client that stops reading (a closed connection)
-aborts its request, and its blocks return to the pool at the next step.
+aborts its request, and its blocks return to the pool at the next step. A stream's tokens wait in its
+queue until they are read, however slowly; once its request has ended, the queue is the stream's alone
+(the front end lets go of it, so a stream never read is freed with its last reference).
+
+When nothing can run, the front end waits for what can change that. On a real clock it looks again
+shortly (a batching window may close meanwhile). On a virtual clock (``LLMEngine.virtual``) it moves the
+clock to the end of the earliest window (``LLMEngine.next_wake``), as ``LLMEngine.run`` does, or else
+waits for a request, an abort or ``close``. A static batch (``policy="static"``) starts only when
+``max_num_seqs`` requests wait or no more requests will come, and only the clients know the latter:
+``close()`` says so, after which the waiting batch starts and no request is taken any more (the dynamic
+policy is the static one with a deadline, ``max_wait``, for a front end that is never closed). Closed,
+with requests waiting that nothing can admit, the front end stops with ``LLMEngine.stuck``'s error.
 
 ``open_loop`` is a benchmark client: it sends each request of a workload at its arrival time, whatever
 the engine is doing (open loop: a slow engine does not slow the arrivals), and stamps each request's
-arrival at the time it was due, so a late event loop cannot hide queueing from the latencies.
+arrival at the time it was due, so a late event loop cannot hide queueing from the latencies. It runs
+in real time, so it refuses an engine on a virtual clock (``lib.engine.replay`` is the offline client).
 
 Chapters: 8.
 """
@@ -20,7 +32,7 @@ from __future__ import annotations
 import asyncio
 
 from lib.engine.config import SamplingParams
-from lib.engine.engine import LLMEngine
+from lib.engine.engine import LLMEngine, VirtualClock
 
 
 class AsyncEngine:
@@ -33,6 +45,7 @@ class AsyncEngine:
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
         self._stop = False
+        self._closed = False
         self.error: BaseException | None = None
         engine.on_events(self._deliver)
 
@@ -47,8 +60,17 @@ class AsyncEngine:
         self._wake.set()
         await self._task
 
+    def close(self) -> None:
+        """No more requests will come: a batch or a batching window stops waiting for more
+        (``LLMEngine.close``), and ``submit`` refuses new requests from now on."""
+        self._closed = True
+        self.engine.close()
+        if self._wake is not None:
+            self._wake.set()
+
     async def _run(self) -> None:
         e = self.engine
+        virtual = isinstance(e.clock, VirtualClock)
         while not self._stop:
             if not e.unfinished:
                 await self._wake.wait()
@@ -56,32 +78,51 @@ class AsyncEngine:
                 continue
             try:
                 made = e.step()
+                idle = not made and not e.scheduler.running
+                wake = e.next_wake() if idle else None
+                if idle and wake is None and e.scheduler.arrivals_done and e.unfinished == e.scheduler.queued:
+                    e.stuck()  # closed: no request will come to start a batch, and none of those waiting fits
             except BaseException as err:  # a failed step ends every stream with the error, never silently
                 self.error = err
                 for q in self._streams.values():
                     q.put_nowait(err)
+                self._streams.clear()
                 raise
             # let the loop run before the next step: the streams' tokens, and the requests due during this step.
             # Yield twice: a timer that came due during the step is queued behind this task's own wake-up, so
             # after one yield the next step would start before that request is added, and it would wait a
-            # whole extra step. If nothing ran (queues held by a batching window), look again shortly.
-            if made or e.scheduler.running:
+            # whole extra step. If nothing ran, wait as the module says.
+            if not idle:
                 await asyncio.sleep(0)
                 await asyncio.sleep(0)
-            else:
+            elif not virtual:
                 await asyncio.sleep(0.0005)
+            elif wake is not None:
+                e.clock.advance_to(wake)
+                await asyncio.sleep(0)
+            elif e.unfinished == e.scheduler.queued:  # only a new request, an abort or close() changes anything
+                await self._wake.wait()
+                self._wake.clear()
+            else:  # requests were added during the step: take them in
+                await asyncio.sleep(0)
 
     def _deliver(self, events: list) -> None:
         for rid, token, finished in events:
             q = self._streams.get(rid)
             if q is not None:
                 q.put_nowait((token, finished))
+                if finished:  # the stream keeps the queue: its reader still gets every token
+                    del self._streams[rid]
 
     def submit(self, prompt, sampling: SamplingParams | None = None, *, kind: str = "",
                arrival: float | None = None) -> Stream:
         """Add a request (``LLMEngine.add_request``: its errors are raised here) and return its ``Stream``."""
         if self.error is not None:
             raise RuntimeError("the engine stopped on an error") from self.error
+        if self._wake is None or self._stop:
+            raise RuntimeError("the front end is not running: submit inside `async with AsyncEngine(engine) as a:`")
+        if self._closed:
+            raise RuntimeError("the front end was closed (close()): it takes no more requests")
         rid = self.engine.add_request(prompt, sampling, kind=kind, arrival=arrival)
         q = self._streams[rid] = asyncio.Queue()
         self._wake.set()
@@ -121,21 +162,35 @@ class Stream:
             self.owner._close(self.id, done)
 
 
-async def open_loop(aengine: AsyncEngine, workload: list[dict], prompts: list[list[int]], *, sampling=None) -> dict:
+async def open_loop(aengine: AsyncEngine, workload: list[dict], prompts: list[list[int]], *, sampling=None,
+                    close: bool | None = None) -> dict:
     """Send request i of ``workload`` ({"id", "arrival", "output", "kind"}) with the tokens ``prompts[i]`` at
     its arrival time (seconds from now), asking for exactly its ``output`` tokens (``sampling(r)`` to
     choose otherwise). Returns {"tokens": {workload id: tokens received}, "results": the finished
     requests' metrics (``LLMEngine.results``) under their workload ids, arrivals relative to the start,
     "start": the start on the engine's clock, "ids": {engine request id: workload id}}. The arrivals are
-    stamped when they were due."""
-    start = aengine.engine.clock()
+    stamped when they were due (or when sent, if the event loop's timer fired a hair early). ``close``:
+    close the front end after the workload's last request, its arrivals all in (as the simulator knows
+    they are); None: only under the static policy, whose last batch would otherwise wait for ever."""
+    clock = aengine.engine.clock
+    if isinstance(clock, VirtualClock):
+        raise ValueError("open_loop sends requests in real time, but this engine runs on a virtual clock: run the "
+                         "workload through lib.engine.replay instead")
+    if close is None:
+        close = aengine.engine.scheduler.policy.kind == "static"
+    start = clock()
     got, ids = {}, {}
+    unsent = [len(workload)]
 
     async def one(i: int, r: dict):
-        await asyncio.sleep(max(0.0, start + r["arrival"] - aengine.engine.clock()))
+        due = start + r["arrival"]
+        await asyncio.sleep(max(0.0, due - clock()))
         sp = sampling(r) if sampling else SamplingParams(max_tokens=r["output"], ignore_eos=True)
-        stream = aengine.submit(prompts[i], sp, kind=r.get("kind", ""), arrival=start + r["arrival"])
+        stream = aengine.submit(prompts[i], sp, kind=r.get("kind", ""), arrival=min(due, clock()))
         ids[stream.id] = r["id"]
+        unsent[0] -= 1
+        if close and not unsent[0]:
+            aengine.close()
         got[r["id"]] = [t async for t in stream]
 
     await asyncio.gather(*(one(i, r) for i, r in enumerate(workload)))
