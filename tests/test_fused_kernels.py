@@ -149,3 +149,95 @@ def test_partial_sums_give_the_reduced_products_values(dtype):
             qa = fused.rope_write(parts, pos, inv, pools[0].k[0], pools[0].v[0], table, cfg.heads)
             qb = fused.rope_write(reduced, pos, inv, pools[1].k[0], pools[1].v[0], table, cfg.heads)
             assert torch.equal(qa, qb) and torch.equal(pools[0].k, pools[1].k) and torch.equal(pools[0].v, pools[1].v)
+
+
+# ------------------------------------------------------------------ RoPE + K/V write: no write outside the cache
+GUARD = 2  # blocks of guard on each side of the caches
+
+
+def guarded_rope_case():
+    """Two rows, H_q = 2, H_kv = 1, d = 16, pages of 4, a pool of 3 blocks laid inside a buffer with GUARD
+    blocks on each side; row 0 writes block 0 slot 1 (position 5). The block table [2, 2] is a view whose
+    rows are followed by an entry 0, so that a read past a row finds a block of the pool."""
+    g = torch.Generator().manual_seed(11)
+    qkv = torch.randn(2, 4 * 16, generator=g)
+    inv = torch.rand(8, generator=g)
+    kbuf, vbuf = torch.randn(2, 3 + 2 * GUARD, 1, 4, 16, generator=g)
+    tbuf = torch.tensor([[2, 0, 0], [1, 2, 0]], dtype=torch.int32)
+    return qkv, torch.tensor([5, 6]), inv, kbuf, vbuf, tbuf
+
+
+def caches(kbuf, vbuf):
+    return kbuf[GUARD:GUARD + 3], vbuf[GUARD:GUARD + 3]
+
+
+@pytest.mark.parametrize("row,pos,shown", [
+    ([-1, 2], 1, r"table\[1, 0\] = -1 names no block of the cache \(k_cache has 3 blocks, 0 .. 2\), and pos\[1\] = 1"),
+    ([3, 2], 1, r"table\[1, 0\] = 3 names no block of the cache"),
+    ([-2, 2], 1, r"table\[1, 0\] = -2 names no block"),
+    ([1, 4], 6, r"table\[1, 1\] = 4 names no block"),
+    ([1, 2], -1, r"pos\[1\] = -1 is negative"),
+    ([1, 2], 8, r"pos\[1\] = 8 is past what table's row holds \(2 blocks of 4 = 8 positions, 0 .. 7\)"),
+    ([1, 2], 11, r"pos\[1\] = 11 is past what table's row holds"),
+])
+def test_rope_write_never_writes_outside_its_cache(row, pos, shown):
+    """A slot outside the cache (an entry past the pool or below 0, a position below 0 or past the table's row)
+    is refused where values are read (the CPU by default, check=True), and with check=False (as inside a CUDA
+    graph) the kernel skips that row's K and V: the guard around the cache and every other slot keep their
+    values, and the good row is written as alone."""
+    qkv, good_pos, inv, kbuf, vbuf, tbuf = guarded_rope_case()
+    tbuf[1, :2] = torch.tensor(row, dtype=torch.int32)
+    table, bad_pos = tbuf[:, :2], torch.tensor([5, pos])
+    kref, vref = kbuf.clone(), vbuf.clone()
+    q_alone = fused.rope_write(qkv[:1], good_pos[:1], inv, *caches(kref, vref), table[:1], 2)  # row 0 alone
+    k0, v0 = kbuf.clone(), vbuf.clone()
+    for check in (None, True):
+        with pytest.raises(ValueError, match=shown):
+            fused.rope_write(qkv, bad_pos, inv, *caches(kbuf, vbuf), table, 2, check=check)
+        assert torch.equal(kbuf, k0) and torch.equal(vbuf, v0)  # refused before anything was written
+    q = fused.rope_write(qkv, bad_pos, inv, *caches(kbuf, vbuf), table, 2, check=False)
+    assert torch.equal(kbuf, kref) and torch.equal(vbuf, vref)  # row 0's slot only: no guard, no other slot
+    assert torch.equal(q[0], q_alone[0]) and bool(torch.isfinite(q).all())  # the queries still come back
+
+
+def test_rope_write_arguments_are_named_with_their_fix():
+    qkv, pos, inv, kbuf, vbuf, tbuf = guarded_rope_case()
+    kc, vc = caches(kbuf, vbuf)
+    table = tbuf[:, :2]
+    with pytest.raises(TypeError, match=r"pos must hold integer positions \(int64 or int32\), got torch.float32.*"
+                                        r"pos.long\(\)"):
+        fused.rope_write(qkv, pos.float(), inv, kc, vc, table, 2)
+    with pytest.raises(TypeError, match=r"pos must be a torch.Tensor.*got list"):
+        fused.rope_write(qkv, pos.tolist(), inv, kc, vc, table, 2)
+    with pytest.raises(TypeError, match=r"table must hold integer block numbers.*table.to\(torch.int32\)"):
+        fused.rope_write(qkv, pos, inv, kc, vc, table.float(), 2)
+    with pytest.raises(ValueError, match=r"table's rows must be contiguous.*table.contiguous\(\)"):
+        fused.rope_write(qkv, pos, inv, kc, vc, torch.tensor([[2, 1], [0, 2]], dtype=torch.int32).t(), 2)
+    with pytest.raises(ValueError, match=r"pos must be contiguous.*pos.contiguous\(\)"):
+        fused.rope_write(qkv, torch.tensor([5, 0, 6, 0])[::2], inv, kc, vc, table, 2)
+    with pytest.raises(ValueError, match="k_cache and v_cache must have one shape and dtype"):
+        fused.rope_write(qkv, pos, inv, kc, vc[:2], table, 2)
+    with pytest.raises(ValueError, match="v_cache is on meta but qkv on cpu"):
+        fused.rope_write(qkv, pos, inv, kc, vc.to("meta"), table, 2)
+    for bad in (0, -2, 2.0, True):
+        with pytest.raises(ValueError, match=rf"heads must be a whole number >= 1.*got {bad!r}"):
+            fused.rope_write(qkv, pos, inv, kc, vc, table, bad)
+    with pytest.raises(TypeError, match="inv_freq must be a float tensor"):
+        fused.rope_write(qkv, pos, inv.long(), kc, vc, table, 2)
+    with pytest.raises(ValueError, match="check=True.*meta tensors hold no values"):
+        fused.rope_write(*(t.to("meta") for t in (qkv, pos, inv, kc, vc, table)), 2, check=True)
+
+
+def test_silu_mul_block_is_a_power_of_two():
+    gu = torch.randn(2, 40, generator=torch.Generator().manual_seed(0))
+    for bad in (0, -4, 24, True, 16.0):
+        with pytest.raises(ValueError, match=rf"block must be a power of two >= 1.*got {bad!r}"):
+            fused.silu_mul(gu, block=bad)
+    assert torch.equal(fused.silu_mul(gu, block=8), fused.silu_mul(gu))  # a tail past blocks of 8: the same
+
+
+def test_rows_of_no_columns_give_empty_results():
+    assert fused.silu_mul(torch.zeros(3, 0)).shape == (3, 0)
+    out, h = fused.rmsnorm(torch.zeros(3, 0), torch.zeros(0), 1e-5, residual=torch.zeros(3, 0))
+    assert out.shape == h.shape == (3, 0)
+    assert fused.rmsnorm(torch.zeros(0, 8), torch.ones(8), 1e-5)[0].shape == (0, 8)

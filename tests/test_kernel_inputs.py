@@ -473,3 +473,67 @@ def test_grouped_gemm_is_right_or_refuses(offsets):
             gg.grouped_gemm(x, w, o)
         return
     assert gemm_close(gg.grouped_gemm(x, w, o, num_programs=2), x, w, o)
+
+
+# ----------------------------------------------------------------------- bf16 in Triton's interpreter
+def _bf16_calls():
+    """Each wrapper whose kernel multiplies with tl.dot, called with bf16 tensors (tiny shapes)."""
+    from lib import quant
+    from lib.kernels import quant_gemm, skinny_gemm
+
+    bf = torch.bfloat16
+    q, kc, vc, bt, lens = attention_case()
+    x, w, offsets = gemm_case()
+    a, b = torch.randn(2, 64), torch.randn(64, 32)
+    i8, i4 = quant.quantize_int8(torch.randn(64, 32) * 0.02), quant.quantize_int4(torch.randn(64, 32) * 0.02, 32)
+    return {
+        "decode_attention": (da, lambda: da.decode_attention(q.to(bf), kc.to(bf), vc.to(bf), bt, lens)),
+        "DecodeAttention": (da, lambda: da.DecodeAttention(q.to(bf), kc.to(bf), vc.to(bf), bt, lens)),
+        "grouped_gemm": (gg, lambda: gg.grouped_gemm(x.to(bf), w.to(bf), offsets)),
+        "GroupedGemm": (gg, lambda: gg.GroupedGemm(x.to(bf), w.to(bf), offsets)),
+        "skinny_mm": (skinny_gemm, lambda: skinny_gemm.skinny_mm(a.to(bf), b.to(bf))),
+        "skinny_argmax": (skinny_gemm, lambda: skinny_gemm.skinny_argmax(a.to(bf), b.to(bf))),
+        "w8_mm": (quant_gemm, lambda: quant_gemm.w8_mm(a.to(bf), i8, swap=True)),
+        "w4_mm": (quant_gemm, lambda: quant_gemm.w4_mm(a.to(bf), i4, swap=False)),
+    }
+
+
+@pytest.mark.parametrize("name", list(_bf16_calls()))
+def test_bf16_is_refused_where_the_interpreter_would_run_it(name):
+    """Triton's interpreter computes tl.dot of bf16 operands wrongly (relative errors near 1e9, not a rounding):
+    every kernel with a tl.dot refuses bf16 where it would run interpreted, saying what to pass instead."""
+    module, call = _bf16_calls()[name]
+    assert module.INTERPRETED  # this test process runs the kernels in the interpreter (no GPU)
+    with pytest.raises(TypeError, match=r"bfloat16, but the kernel runs in Triton's interpreter.*computes tl.dot of "
+                                        r"bfloat16 operands wrongly.*float16 or float32.*or run on a GPU"):
+        call()
+
+
+def test_bf16_is_planned_where_the_kernels_are_compiled(monkeypatch):
+    """The refusal is the interpreter's alone: kernels compiled for a GPU take bf16 (here only planned, as on a
+    GPU: nothing is launched)."""
+    bf = torch.bfloat16
+    q, kc, vc, bt, lens = attention_case()
+    x, w, offsets = gemm_case()
+    monkeypatch.setattr(da, "INTERPRETED", False)
+    monkeypatch.setattr(gg, "INTERPRETED", False)
+    assert da.DecodeAttention(q.to(bf), kc.to(bf), vc.to(bf), bt, lens).grid[0] == 2
+    assert gg.GroupedGemm(x.to(bf), w.to(bf), offsets).config["block_m"] >= 16
+
+
+def test_kernels_without_tl_dot_take_bf16_in_the_interpreter():
+    """The fused kernels, the draws, the read-only kernels and the FP8 cache's attention (which multiplies in
+    fp16) compute bf16 right in the interpreter: not refused."""
+    from lib import quant
+    from lib.kernels import decode_attention_fp8 as fp8
+    from lib.kernels import fused, sampling
+
+    bf = torch.bfloat16
+    x = torch.randn(2, 32).to(bf)
+    assert fused.silu_mul(x).dtype == bf and fused.rmsnorm(x, torch.ones(32, dtype=bf), 1e-5)[0].dtype == bf
+    assert sampling.top_p_sample(x, 0.9).shape == (2,)
+    assert float(stream.read_sum(x, x, programs=1, block=64)[0]) == pytest.approx(2 * float(x.float().sum()), rel=1e-2)
+    q, kc, vc, bt, lens = attention_case()
+    (k8, ks), (v8, vs) = quant.quantize_kv_fp8(kc), quant.quantize_kv_fp8(vc)
+    out = fp8.decode_attention_fp8(q.to(bf), k8, v8, bt, lens, k_scale=ks, v_scale=vs)
+    assert close(out.float(), q.to(bf).float(), k8.float() * ks, v8.float() * vs, bt, lens, tol=1e-2)

@@ -103,3 +103,88 @@ def test_bad_inputs():
         S.top_p_sample(torch.zeros(2, 4), torch.tensor([0.9]))
     with pytest.raises(ValueError, match="uniform"):
         S.top_p_sample(torch.zeros(2, 4), 0.9, uniform=torch.rand(2, 5))
+
+
+# ------------------------------------------------------------------ values the draw is undefined for
+@pytest.mark.parametrize("name,values,shown", [
+    ("top_p", [0.9, 0.0], r"top_p\[1\] = 0.0 is not in \(0, 1\]"),
+    ("top_p", [1.5, 0.9], r"top_p\[0\] = 1.5 is not in \(0, 1\]"),
+    ("top_p", [0.9, float("nan")], r"top_p\[1\] = nan is not in \(0, 1\]"),
+    ("top_p", [-0.5, 0.9], r"top_p\[0\] = -0.5 is not in"),
+    ("temperature", [1.0, 0.0], r"temperature\[1\] = 0.0 is not a finite number > 0.*greedy.*argmax"),
+    ("temperature", [-1.0, 1.0], r"temperature\[0\] = -1.0 is not a finite number > 0"),
+    ("temperature", [float("nan"), 1.0], r"temperature\[0\] = nan is not"),
+    ("temperature", [1.0, float("inf")], r"temperature\[1\] = inf is not"),
+])
+def test_per_request_values_outside_their_domain_are_refused(name, values, shown):
+    """top_p in (0, 1], temperature finite and > 0 (0 is greedy: the engine takes the argmax for it): a tensor
+    holding anything else is refused, on the CPU by default and with check=True."""
+    logits = torch.randn(2, 40, generator=torch.Generator().manual_seed(0))
+    kw = {name: torch.tensor(values)}
+    for fn in (S.top_p_sample, S.top_p_mask):
+        for check in (None, True):
+            with pytest.raises(ValueError, match=shown):
+                fn(logits, **kw, check=check)
+
+
+def test_scalars_outside_their_domain_are_refused():
+    logits = torch.zeros(1, 4)
+    for bad in (float("inf"), float("nan"), -1.0, True, "1.0"):
+        with pytest.raises(ValueError, match=r"temperature must be a finite number > 0"):
+            S.top_p_sample(logits, 0.9, bad)
+    for bad in (float("nan"), 1.01, -0.1, True):
+        with pytest.raises(ValueError, match=r"top_p must be a number in \(0, 1\]"):
+            S.top_p_mask(logits, bad)
+
+
+@pytest.mark.parametrize("where,value,shown", [
+    ((1, 3), float("nan"), r"logits\[1, 3\] is NaN"),
+    ((0, 0), float("inf"), r"logits\[0, 0\] is \+inf"),
+    ((1, slice(None)), float("-inf"), r"logits\[1\] is -inf everywhere.*leave at least one token finite"),
+])
+def test_logits_the_softmax_is_undefined_for_are_refused(where, value, shown):
+    """A NaN would make the kept set the whole vocabulary, a row all -inf would draw token 0: refused (a few
+    -inf, masked tokens, are fine: test_negative_logits_and_masked_tokens)."""
+    logits = torch.randn(2, 40, generator=torch.Generator().manual_seed(1))
+    logits[where] = value
+    for fn in (S.top_p_sample, S.top_p_mask):
+        with pytest.raises(ValueError, match=shown):
+            fn(logits, 0.9)
+    with pytest.raises(ValueError, match=shown):
+        S.top_p_sample(logits.half(), 0.9, check=True)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's arithmetic on a NaN temperature
+def test_values_are_read_only_where_check_asks(monkeypatch):
+    """check=False reads no value (the caller vouches, as inside a CUDA graph: a draw on bad values means
+    nothing but reads and writes nothing outside its tensors); check=True where values cannot be read (meta
+    tensors, a graph capture) is refused; None reads them on the CPU."""
+    logits = torch.randn(2, 40, generator=torch.Generator().manual_seed(0)).half()
+    seen = []
+    real = S._check_values
+    monkeypatch.setattr(S, "_check_values", lambda *a: seen.append(a) or real(*a))
+    assert S.top_p_sample(logits, 0.9, torch.tensor([1.0, float("nan")]), check=False).shape == (2,)
+    assert seen == []
+    S.top_p_sample(logits, 0.9)
+    assert len(seen) == 1
+    with pytest.raises(ValueError, match="check=True.*meta tensors hold no values"):
+        S.top_p_sample(torch.zeros(2, 8, device="meta"), 0.9, seed=torch.zeros(1, dtype=torch.int64, device="meta"),
+                       check=True)
+
+
+def test_empty_batches_and_vocabularies():
+    """No rows: no token (nothing launched); rows of no columns: nothing to draw from, refused."""
+    assert S.top_p_sample(torch.zeros(0, 50), 0.9).tolist() == []
+    assert S.top_p_sample(torch.zeros(0, 50), torch.zeros(0), torch.zeros(0)).dtype == torch.int64
+    assert S.top_p_mask(torch.zeros(0, 50), 0.9).shape == (0, 50)
+    for fn in (S.top_p_sample, S.top_p_mask):
+        with pytest.raises(ValueError, match=r"logits \(2, 0\) has no columns"):
+            fn(torch.zeros(2, 0), 0.9)
+
+
+def test_block_n_is_checked_not_replaced():
+    for bad in (0, 8, 24, True, 32.0):
+        with pytest.raises(ValueError, match=rf"block_n must be a power of two >= 16.*got {bad!r}"):
+            S.top_p_sample(torch.zeros(1, 40), 0.9, block_n=bad)
+        with pytest.raises(ValueError, match="block_n must be a power of two >= 16"):
+            S.top_p_mask(torch.zeros(1, 40), 0.9, block_n=bad)

@@ -67,9 +67,54 @@ def test_skinny_argmax_matches_argmax_of_the_product(dtype, M, K, N):
 
 
 def test_skinny_argmax_takes_the_first_of_a_tie():
-    # columns 1 and 3 tie at the largest value (in two blocks of 2): the first wins, as with torch.argmax
+    # columns 1, 5 and 17 tie at the largest value (two of them in the first block of 16, one in the second):
+    # the first wins, as with torch.argmax
     x = torch.ones(1, 2)
-    w = torch.tensor([[0.0, 2.0, 1.0, 2.0], [0.0, 1.0, 0.0, 1.0]])
-    assert sk.skinny_argmax(x, w, block_n=2).tolist() == [1]
+    w = torch.zeros(2, 32)
+    w[0, [1, 5, 17]], w[1, [1, 5, 17]], w[0, 3] = 2.0, 1.0, 2.5
+    assert sk.skinny_argmax(x, w, block_n=16).tolist() == [1]
     with pytest.raises(ValueError, match="need x"):
         sk.skinny_argmax(torch.zeros(65, 2), w)
+
+
+def test_an_output_sharing_memory_with_an_input_is_refused():
+    """out laid over x (or w) would be written while other programs still read it (the fault sweep's
+    out-over-x gave errors of 197): refused, and halves of one buffer are fine."""
+    g = torch.Generator().manual_seed(3)
+    buf = torch.randn(4 * 64, generator=g)
+    x, w = buf[:128].view(2, 64), torch.randn(64, 64, generator=g)
+    with pytest.raises(ValueError, match=r"out shares memory with x.*pass a separate tensor"):
+        sk.skinny_mm(x, w, out=buf[64:192].view(2, 64))  # over x's second row
+    with pytest.raises(ValueError, match="out shares memory with w"):
+        sk.skinny_mm(x, w, out=w[:2])
+    with pytest.raises(ValueError, match=r"out must be a contiguous \[2, 64\] tensor of torch.float32 on cpu"):
+        sk.skinny_mm(x, w, out=torch.empty(2, 64, device="meta"))
+    with pytest.raises(TypeError, match="out must be a torch.Tensor"):
+        sk.skinny_mm(x, w, out=[[0.0] * 64] * 2)
+    out = sk.skinny_mm(x, w, out=buf[128:].view(2, 64))  # the buffer's other half: disjoint
+    assert torch.allclose(out, x @ w, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kw,shown", [
+    (dict(splits=-1), r"splits must be a whole number >= 1.*got -1"),
+    (dict(splits=0), r"splits must be a whole number >= 1.*got 0"),
+    (dict(splits=2.0), r"splits must be a whole number >= 1"),
+    (dict(block_n=24), r"block_n must be a power of two >= 16 \(the smallest tl.dot\), got 24"),
+    (dict(block_n=0), r"block_n must be a power of two >= 16"),
+    (dict(block_n=8), r"block_n must be a power of two >= 16"),
+    (dict(block_k=48), r"block_k must be a power of two >= 16"),
+    (dict(num_warps=3), r"num_warps must be a power of two >= 1"),
+    (dict(num_stages=0), r"num_stages must be a whole number >= 1"),
+])
+def test_launch_parameters_are_checked_not_replaced(kw, shown):
+    with pytest.raises(ValueError, match=shown):
+        sk.skinny_mm(torch.zeros(1, 256), torch.zeros(256, 64), **kw)
+
+
+def test_skinny_argmax_refuses_no_columns_and_odd_blocks():
+    x = torch.zeros(2, 64)
+    with pytest.raises(ValueError, match=r"w \[K, N\] with N >= 1 \(a column to pick\)"):
+        sk.skinny_argmax(x, torch.zeros(64, 0))
+    for name in ("block_n", "block_k"):
+        with pytest.raises(ValueError, match=rf"{name} must be a power of two >= 16.*got 24"):
+            sk.skinny_argmax(x, torch.zeros(64, 8), **{name: 24})

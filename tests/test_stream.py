@@ -77,3 +77,22 @@ def test_read_pages_sum_rejects_bad_input():
     assert float(stream.read_pages_sum(k, k, torch.zeros(0, dtype=torch.int32)).sum()) == 0
     with pytest.raises(ValueError, match="cache='.cs'"):
         stream.read_pages_sum(k, k, torch.arange(4, dtype=torch.int32), cache=".cs")
+
+
+def test_empty_inputs_sum_to_zero_without_a_launch():
+    """No elements (or no pages): one partial sum of 0, into ``out`` if given; the arguments still checked."""
+    empty = torch.zeros(0, dtype=torch.float16)
+    part = stream.read_sum(empty, empty)
+    assert part.shape == (1,) and part.dtype == torch.float32 and float(part[0]) == 0.0
+    out = torch.full((1,), 5.0)
+    assert stream.read_sum(empty, empty, programs=3, block=64, out=out) is out and float(out[0]) == 0.0
+    with pytest.raises(ValueError, match="evict='evict_often'"):
+        stream.read_sum(empty, empty, evict="evict_often")
+    pool = torch.zeros(0, 1, 4, 4)  # a pool of no pages
+    assert float(stream.read_pages_sum(pool, pool, torch.zeros(0, dtype=torch.int32))[0]) == 0.0
+    with pytest.raises(ValueError, match=r"pages\[0\] = 0 names no page of the caches \(they have 0 pages"):
+        stream.read_pages_sum(pool, pool, torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(ValueError, match="cache='.cs'"):
+        stream.read_pages_sum(pool, pool, torch.zeros(0, dtype=torch.int32), cache=".cs")
+    with pytest.raises(ValueError, match="must be a power of two.*got 0"):
+        stream.read_pages_sum(torch.zeros(2, 1, 0, 4), torch.zeros(2, 1, 0, 4), torch.zeros(1, dtype=torch.int32))

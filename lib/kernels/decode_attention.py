@@ -37,6 +37,8 @@ Nothing reaches the kernel unchecked: types, shapes, strides, dtypes and devices
 output's size and whether it shares memory with an input, and the launch parameters are checked before
 planning; the block table's entries and the lengths (values on the device) are checked where they can be
 read without cost or where the caller asks (``check``), since the kernel would read outside the cache.
+Triton's interpreter (TRITON_INTERPRET=1, how the kernels run without a GPU) computes ``tl.dot`` of bf16
+operands wrongly, so there a plan refuses bf16 tensors (fp16 and fp32 run right).
 
 Chapters: 3.
 """
@@ -50,7 +52,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lib.kernels import launch
+from lib.kernels import interpreter, launch
 
 LOG2E = 1.4426950408889634
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -246,6 +248,8 @@ def _combine_kernel(PACC, PM, PL, Out, H_Q, stride_ob, stride_oh, SPLITS: tl.con
     out = tl.sum(acc * w[:, None], 0) / tl.where(total > 0, total, 1.0)
     tl.store(Out + b * stride_ob + h * stride_oh + dd, out.to(Out.dtype.element_ty))
 
+
+INTERPRETED = interpreter.interpreted(_decode_kernel)  # no GPU: see lib.kernels.interpreter
 
 _WORKSPACE: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
@@ -444,7 +448,8 @@ class DecodeAttention:
     calls of the same shape: do not run two at once on different streams.
 
     What planning checks: everything ``decode_attention`` checks of the tensors it is given (types,
-    shapes, strides, dtypes, devices; block-table rows and lengths contiguous), the launch parameters,
+    shapes, strides, dtypes, devices; block-table rows and lengths contiguous; no bf16 where the kernel
+    runs in Triton's interpreter), the launch parameters,
     and with ``check`` the values of the block table and the lengths (``check=None``: wherever they can
     be read, i.e. not on meta tensors nor during a CUDA graph capture; on a GPU that reads them back, a
     synchronisation).
@@ -477,6 +482,7 @@ class DecodeAttention:
                  num_splits=None, block_n=None, num_warps=None, num_stages=3, combine="auto", prefetch=None,
                  head_block=None, check: bool | None = None):
         _check(q, k_cache, v_cache, block_table, seq_lens)
+        interpreter.refuse_bf16(INTERPRETED, q.dtype, "q, k_cache and v_cache are")
         B, H_q, D = q.shape
         num_pages, H_kv, page, _ = k_cache.shape
         G = H_q // H_kv

@@ -17,8 +17,14 @@ same few kilobytes, so that a step launches fewer kernels (chapter 7).
 the GEMM's own reduction would and rounded as it would store them (the same values), so that the product
 needs no reduction kernel of its own.
 
-All take fp16, bf16 or fp32 and compute in fp32. On a CPU they run in Triton's interpreter (fp16 and fp32;
-the interpreter computes bf16 wrongly).
+All take fp16, bf16 or fp32 and compute in fp32. On a CPU they run in Triton's interpreter, bf16 included
+(they use no ``tl.dot``, the operation the interpreter computes wrongly in bf16).
+
+``rope_write`` is the one kernel that writes into the KV cache, so its slots are guarded twice: the wrapper
+checks the positions and block-table entries where reading them costs nothing or where asked (``check``),
+and the kernel itself writes no row whose slot lies outside the cache (a position below 0 or past its
+block-table row, an entry below 0 or past the pool's blocks), so that no input, checked or not, in a CUDA
+graph or not, writes outside the caches.
 
 Chapter: 7.
 """
@@ -29,7 +35,10 @@ import torch
 import triton
 import triton.language as tl
 
+from lib.kernels import launch
+
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 def _check(name: str, t: torch.Tensor, dims: int) -> None:
@@ -104,7 +113,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
     out = torch.empty(B, N, device=x.device, dtype=dtype)
     keep = residual is not None or x.dim() == 3  # h must be written
     h = torch.empty(B, N, device=x.device, dtype=dtype) if keep else x
-    if B:
+    if B and N:  # rows of no columns: nothing to normalise
         r = residual if residual is not None else out
         _rmsnorm_kernel[(B,)](x, r, weight, out, h, N, float(eps), x.stride(-2), r.stride(0), out.stride(0), h.stride(0),
                               x.stride(0) if x.dim() == 3 else 0, HAS_RES=residual is not None, STORE_H=keep, SPLITS=splits,
@@ -116,7 +125,12 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
 
 @triton.jit
 def _rope_write_kernel(QKV, POS, INV, Q, KC, VC, TABLE, stride_qkv, stride_q, stride_qh, stride_t, stride_s,
+                       TABLE_W, BLOCKS,
                        HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, SPLITS: tl.constexpr):
+    """Program (b, head): row b's query head rotated into Q, or its key head rotated (its value head as it is)
+    written at the token's slot of the cache. A slot outside the cache (a position below 0 or past the
+    TABLE_W entries of the row, an entry below 0 or from BLOCKS on) is not written, and the entry of a
+    position outside the row is not read."""
     b = tl.program_id(0)
     head = tl.program_id(1)  # 0 .. HQ-1: query heads; HQ .. HQ+HKV-1: key heads; then value heads
     half = tl.arange(0, D // 2)
@@ -139,44 +153,130 @@ def _rope_write_kernel(QKV, POS, INV, Q, KC, VC, TABLE, stride_qkv, stride_q, st
         tl.store(dst + D // 2 + half, y2.to(Q.dtype.element_ty))
     else:
         kv = head - HQ if head < HQ + HKV else head - HQ - HKV
-        block = tl.load(TABLE + b * stride_t + pos // PAGE).to(tl.int64)
+        inside = (pos >= 0) & (pos // PAGE < TABLE_W)  # the position has an entry in the row
+        block = tl.load(TABLE + b * stride_t + pos // PAGE, mask=inside, other=-1).to(tl.int64)
+        slot = (half < D // 2) & inside & (block >= 0) & (block < BLOCKS)  # the entry names a block of the pool
         row = ((block * HKV + kv) * PAGE + pos % PAGE) * D  # the page layout [blocks, H_kv, PAGE, d]
         if head < HQ + HKV:
-            tl.store(KC + row + half, y1.to(KC.dtype.element_ty))
-            tl.store(KC + row + D // 2 + half, y2.to(KC.dtype.element_ty))
+            tl.store(KC + row + half, y1.to(KC.dtype.element_ty), mask=slot)
+            tl.store(KC + row + D // 2 + half, y2.to(KC.dtype.element_ty), mask=slot)
         else:
-            tl.store(VC + row + half, y1.to(VC.dtype.element_ty))
-            tl.store(VC + row + D // 2 + half, y2.to(VC.dtype.element_ty))
+            tl.store(VC + row + half, y1.to(VC.dtype.element_ty), mask=slot)
+            tl.store(VC + row + D // 2 + half, y2.to(VC.dtype.element_ty), mask=slot)
+
+
+def _check_slots(pos: torch.Tensor, table: torch.Tensor, page: int, blocks: int) -> None:
+    """Refuse positions below 0 or past what their block-table row holds, and entries that name no block of
+    the cache at the positions' slots: the kernel would write outside the cache (it skips such rows
+    instead, so the token's K and V would be lost). Reads the values: on a GPU a synchronisation."""
+    W = table.shape[1]
+    p = pos.long()
+    bad_pos = (p < 0) | (p >= W * page)
+    if W:
+        entry = table.gather(1, (p.clamp(0, W * page - 1) // page)[:, None])[:, 0].long()
+        bad_entry = ~bad_pos & ((entry < 0) | (entry >= blocks))
+    else:
+        entry, bad_entry = p, torch.zeros_like(bad_pos)
+    pos_wrong, entry_wrong = torch.stack([bad_pos.any(), bad_entry.any()]).tolist()
+    if pos_wrong:
+        b = int(bad_pos.nonzero()[0, 0])
+        n = int(p[b])
+        if n < 0:
+            raise ValueError(f"pos[{b}] = {n} is negative: a token's position is 0 or more (the length before it)")
+        raise ValueError(f"pos[{b}] = {n} is past what table's row holds ({W} blocks of {page} = {W * page} "
+                         f"positions, 0 .. {W * page - 1}): give the request a block for it in the table first")
+    if entry_wrong:
+        b = int(bad_entry.nonzero()[0, 0])
+        i = int(p[b]) // page
+        raise ValueError(f"table[{b}, {i}] = {int(entry[b])} names no block of the cache (k_cache has {blocks} "
+                         f"blocks{f', 0 .. {blocks - 1}' if blocks else ''}), and pos[{b}] = {int(p[b])} writes into "
+                         f"it: the kernel would write outside the cache")
+
+
+def _check_rope(qkv, pos, inv_freq, k_cache, v_cache, table, heads) -> int:
+    """Refuse what ``rope_write`` cannot take, from types, shapes, strides, dtypes and devices (no values
+    are read); the number of splits of ``qkv``."""
+    if not (isinstance(pos, torch.Tensor) and isinstance(inv_freq, torch.Tensor) and isinstance(table, torch.Tensor)):
+        launch.tensors(pos=(pos, "int64 or int32 [B], each token's position"),
+                       inv_freq=(inv_freq, "float32 [d/2], the rotary frequencies"),
+                       table=(table, "int32 [B, blocks per request], the block table"))
+    splits = _check_input("qkv", qkv)
+    _check("k_cache", k_cache, 4)
+    if not (isinstance(v_cache, torch.Tensor) and v_cache.shape == k_cache.shape and v_cache.dtype == k_cache.dtype):
+        _check("v_cache", v_cache, 4)
+        raise ValueError(f"k_cache and v_cache must have one shape and dtype (one slot offset serves both); got "
+                         f"{tuple(k_cache.shape)} {k_cache.dtype} and {tuple(v_cache.shape)} {v_cache.dtype}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous [blocks, H_kv, page, d] (the kernel computes each slot's "
+                             f"offset from that layout); got strides {t.stride()}: pass {name}.contiguous()")
+    if not launch.whole(heads) or heads < 1:
+        raise ValueError(f"heads must be a whole number >= 1 (the query heads of qkv), got {heads!r}")
+    _, hkv, page, d = k_cache.shape
+    B = qkv.shape[-2]
+    if hkv < 1 or page < 1:
+        raise ValueError(f"the caches [blocks, H_kv, page, d] need H_kv >= 1 and a page of at least 1 token; got "
+                         f"{tuple(k_cache.shape)}")
+    if d < 2 or d & (d - 1):
+        raise ValueError(f"head_dim (the caches' last dimension) must be a power of two >= 2 (RoPE rotates halves of "
+                         f"a power of two), got {d}")
+    if qkv.shape[-1] != (heads + 2 * hkv) * d:
+        raise ValueError(f"qkv has {qkv.shape[-1]} columns; {heads} query and 2 x {hkv} KV heads of {d} need "
+                         f"{(heads + 2 * hkv) * d}")
+    if pos.shape != (B,) or table.dim() != 2 or table.shape[0] != B or inv_freq.shape != (d // 2,):
+        raise ValueError(f"need pos [{B}], table [{B}, pages] and inv_freq [{d // 2}], got {tuple(pos.shape)}, "
+                         f"{tuple(table.shape)} and {tuple(inv_freq.shape)}")
+    if pos.dtype not in INDEX_DTYPES:
+        raise TypeError(f"pos must hold integer positions (int64 or int32), got {pos.dtype}: a position counts "
+                        f"tokens; pass pos.long() (e.g. lens.long() - 1)")
+    if table.dtype not in INDEX_DTYPES:
+        raise TypeError(f"table must hold integer block numbers (int32 or int64), got {table.dtype}: pass "
+                        f"table.to(torch.int32)")
+    if not inv_freq.is_floating_point():
+        raise TypeError(f"inv_freq must be a float tensor (the rotary frequencies, float32), got {inv_freq.dtype}")
+    dev = qkv.device
+    for name, t in (("pos", pos), ("inv_freq", inv_freq), ("table", table), ("k_cache", k_cache),
+                    ("v_cache", v_cache)):
+        if t.device != dev:
+            raise ValueError(f"{name} is on {t.device} but qkv on {dev}: the kernel takes every tensor on one "
+                             f"device; move it with .to({str(dev)!r})")
+    for name, t in (("pos", pos), ("inv_freq", inv_freq)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (the kernel reads element i at position i); got stride "
+                             f"{t.stride()}: pass {name}.contiguous()")
+    if table.stride(1) != 1 and table.shape[1] > 1:
+        raise ValueError(f"table's rows must be contiguous (the kernel reads entry i of a row at position i); got "
+                         f"strides {table.stride()}: pass table.contiguous()")
+    return splits
 
 
 def rope_write(qkv: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, k_cache: torch.Tensor,
-               v_cache: torch.Tensor, table: torch.Tensor, heads: int) -> torch.Tensor:
+               v_cache: torch.Tensor, table: torch.Tensor, heads: int, *, check: bool | None = None) -> torch.Tensor:
     """One decode token per row of ``qkv`` [B, (H_q + 2 H_kv) d] (query, key and value heads side by side):
     the query heads rotated by RoPE at position ``pos[b]`` are returned as [B, H_q, d]; the rotated key and
     the value are written into the paged caches [blocks, H_kv, page, d] at the token's slot, block
     ``table[b, pos // page]``. ``inv_freq`` [d/2] (float32) are the rotary frequencies. ``qkv`` may also be
-    the float32 partial sums [splits, B, (H_q + 2 H_kv) d] of a split-K GEMM; q then takes the cache's dtype."""
-    splits = _check_input("qkv", qkv)
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        _check(name, t, 4)
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous [blocks, H_kv, page, d]")
-    _, hkv, page, d = k_cache.shape
+    the float32 partial sums [splits, B, (H_q + 2 H_kv) d] of a split-K GEMM; q then takes the cache's dtype.
+    ``pos`` int64 or int32 [B]; ``table`` int32 or int64 [B, blocks per request], rows contiguous; all on
+    one device.
+
+    Everything but the values is checked at every call, with an error that says what to change. The slot of
+    row b must exist: 0 <= pos[b] < table.shape[1] * page, and table[b, pos[b] // page] in 0 .. blocks - 1.
+    ``check``: read pos and table and refuse a slot that does not. None (the default): on the CPU only,
+    where it costs no synchronisation; True: always (on a GPU a synchronisation; refused during a CUDA graph
+    capture); False: never. Unchecked, a row without a slot is not written (its query is still returned):
+    the kernel masks its K and V writes, so nothing outside the caches is ever written."""
+    splits = _check_rope(qkv, pos, inv_freq, k_cache, v_cache, table, heads)
+    blocks, hkv, page, d = k_cache.shape
     B = qkv.shape[-2]
-    if qkv.shape[-1] != (heads + 2 * hkv) * d:
-        raise ValueError(f"qkv has {qkv.shape[-1]} columns; {heads} query and 2 x {hkv} KV heads of {d} need "
-                         f"{(heads + 2 * hkv) * d}")
-    if d % 2 or d & (d - 1):
-        raise ValueError(f"head_dim must be a power of two (halves of a power of two), got {d}")
-    if pos.shape != (B,) or table.dim() != 2 or table.shape[0] != B or inv_freq.shape != (d // 2,):
-        raise ValueError(f"need pos [{B}], table [{B}, pages] and inv_freq [{d // 2}], got {tuple(pos.shape)}, "
-                         f"{tuple(table.shape)} and {tuple(inv_freq.shape)}")
+    if (check or (check is None and qkv.device.type == "cpu")) and launch.values_readable(check, pos, table):
+        _check_slots(pos, table, page, blocks)
     q = torch.empty(B, heads, d, device=qkv.device, dtype=qkv.dtype if qkv.dim() == 2 else k_cache.dtype)
     if B:
         _rope_write_kernel[(B, heads + 2 * hkv)](qkv, pos, inv_freq, q, k_cache, v_cache, table, qkv.stride(-2),
                                                  q.stride(0), q.stride(1), table.stride(0),
-                                                 qkv.stride(0) if qkv.dim() == 3 else 0, HQ=heads, HKV=hkv, D=d,
-                                                 PAGE=page, SPLITS=splits)
+                                                 qkv.stride(0) if qkv.dim() == 3 else 0, table.shape[1], blocks,
+                                                 HQ=heads, HKV=hkv, D=d, PAGE=page, SPLITS=splits)
     return q
 
 
@@ -193,13 +293,17 @@ def _silu_mul_kernel(GU, OUT, WIDTH, stride_gu, stride_o, BLOCK: tl.constexpr):
 
 
 def silu_mul(gu: torch.Tensor, block: int = 1024) -> torch.Tensor:
-    """silu(gate) * up for gu [B, 2 I] holding gate and up side by side: [B, I]."""
+    """silu(gate) * up for gu [B, 2 I] holding gate and up side by side: [B, I]. ``block``: the columns of one
+    program, a power of two (a Triton block)."""
     _check("gu", gu, 2)
     B, two_i = gu.shape
     if two_i % 2:
         raise ValueError(f"gu must hold gate and up side by side ([B, 2 I]), got {two_i} columns")
+    if not launch.whole(block) or block < 1 or block & (block - 1):
+        raise ValueError(f"block must be a power of two >= 1 (the columns one program computes, a Triton block), "
+                         f"got {block!r}")
     out = torch.empty(B, two_i // 2, device=gu.device, dtype=gu.dtype)
-    if B:
+    if B and two_i:
         _silu_mul_kernel[(B, triton.cdiv(two_i // 2, block))](gu, out, two_i // 2, gu.stride(0), out.stride(0),
                                                               BLOCK=block)
     return out

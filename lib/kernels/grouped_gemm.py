@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lib.kernels import launch
+from lib.kernels import interpreter, launch
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # orders of the tiles in the schedule (tile_schedule), as the kernels' ORDER
@@ -241,6 +241,9 @@ def _grouped_gemm_tma_kernel(
                          stride_ym, stride_yn, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, HALF_TAIL)
 
 
+INTERPRETED = interpreter.interpreted(_grouped_gemm_kernel)  # no GPU: see lib.kernels.interpreter
+
+
 def _check(x, w, offsets, out):
     """Refuse what the kernels cannot take, from the tensors' types, shapes, strides, dtypes and devices
     alone (no values are read)."""
@@ -346,7 +349,8 @@ class GroupedGemm:
     16 bytes, takes the public path. In Triton's interpreter (CPU) every call takes the public path.
 
     What planning checks: everything ``grouped_gemm`` checks (types, shapes, dtypes, devices, offsets
-    contiguous, the launch parameters, an ``out`` that shares no memory with the inputs), and with
+    contiguous, the launch parameters, an ``out`` that shares no memory with the inputs; no bf16 where the
+    kernels run in Triton's interpreter, which computes ``tl.dot`` of bf16 operands wrongly), and with
     ``check`` the offsets' values (``check=None``: wherever they can be read, i.e. not on meta tensors
     nor during a CUDA graph capture; on a GPU a synchronisation).
 
@@ -365,6 +369,7 @@ class GroupedGemm:
                  tma: bool | None = None, flatten: bool | None = None, half_tail: bool | None = None,
                  order: str | None = None, check: bool | None = None):
         _check(x, w, offsets, out)
+        interpreter.refuse_bf16(INTERPRETED, x.dtype, "x and w are")
         T, K = x.shape
         E, _, N = w.shape
         cfg = choose_config(T, E, K)

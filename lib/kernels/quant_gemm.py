@@ -23,7 +23,9 @@ and x^T the second.
 
 Both split K across programs as ``lib.kernels.skinny_gemm`` does when the matrix is narrow (float32
 partial sums, added by a second small kernel), tile M in blocks of 16 or 64 rows, accumulate in float32,
-and take x in fp16, bf16 or fp32. In Triton's interpreter (CPU) they run in fp16 and fp32.
+and take x in fp16, bf16 or fp32. In Triton's interpreter (CPU) they run in fp16 and fp32: the interpreter
+computes ``tl.dot`` of bf16 operands wrongly, so these two refuse bf16 there (the GEMVs and ``dequantize``,
+which use no ``tl.dot``, run in every dtype).
 
 ``w4_gemv`` and ``w8_gemv`` are the same products for the few rows of decode, without the tensor cores:
 one program multiplies one row of x by a block of columns over a slice of K, with few instructions per
@@ -49,7 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lib.kernels import launch
+from lib.kernels import interpreter, launch
 from lib.kernels.skinny_gemm import _sum_splits_kernel
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -450,7 +452,12 @@ def _check_x(x: torch.Tensor, K: int, device) -> None:
         raise ValueError("x has no rows")
 
 
+INTERPRETED = interpreter.interpreted(_w8_kernel)  # no GPU: see lib.kernels.interpreter
+
+
 def _launch(kernel, x, args, M, N, K, cfg, splits, extra_strides, block_k, **meta):
+    """The tensor-core kernel's launch (``w8_mm``, ``w4_mm``), then the sum of the splits' partials."""
+    interpreter.refuse_bf16(INTERPRETED, x.dtype, "x is")
     k_split = cfg["k_split"]
     out = torch.empty(M, N, device=x.device, dtype=x.dtype)
     part = out if splits == 1 else torch.empty(splits, M, N, device=x.device, dtype=torch.float32)

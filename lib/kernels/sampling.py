@@ -25,6 +25,12 @@ The uniforms come from Triton's Philox generator seeded from a tensor on the dev
 with the seed's current value), or from a given tensor (to reproduce a draw exactly, as the tests do).
 Ties at tau are all kept.
 
+The draw is defined for top_p in (0, 1], a temperature that is a finite number > 0 (temperature 0 is
+greedy sampling, the argmax, as ``lib.engine`` treats it) and rows of logits without NaN or +inf that keep
+at least one logit above -inf (-inf masks a token out). The arguments' types, shapes, dtypes and the
+numbers given are checked at every call; the tensors' values where reading them costs no synchronisation
+(on the CPU) or where the caller asks (``check``).
+
 ``top_p_torch`` is the sorting path as engines write it in PyTorch; ``top_p_reference`` the same choice
 in float64 from given uniforms, the oracle of the tests.
 
@@ -32,6 +38,9 @@ Chapter: 7.
 """
 
 from __future__ import annotations
+
+import math
+import numbers
 
 import torch
 import triton
@@ -172,28 +181,81 @@ def _per_row(name: str, v, B: int, device) -> torch.Tensor:
     return torch.full((B,), float(v), device=device)
 
 
-def _check_args(logits, top_p, temperature):
+def _real(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _check_args(logits, top_p, temperature, block_n):
+    """Refuse what the kernels cannot take, from types, shapes, dtypes and the scalars' values (no tensor
+    values are read); the per-row top_p and temperature as float32 tensors [B]."""
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.dtype not in DTYPES:
         raise ValueError(f"logits must be a 2-D fp16, bf16 or fp32 tensor [B, vocab], got "
                          f"{getattr(logits, 'shape', type(logits).__name__)} {getattr(logits, 'dtype', '')}")
-    if logits.stride(1) != 1:
-        raise ValueError(f"logits must be contiguous in the vocabulary (stride 1), got strides {logits.stride()}")
-    if not isinstance(top_p, torch.Tensor) and not 0.0 < float(top_p) <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if not isinstance(temperature, torch.Tensor) and not float(temperature) > 0.0:
-        raise ValueError(f"temperature must be > 0 (use greedy sampling for 0), got {temperature}")
-    B = logits.shape[0]
+    B, V = logits.shape
+    if V == 0 and B:
+        raise ValueError(f"logits {tuple(logits.shape)} has no columns: a row of an empty vocabulary has no token to "
+                         f"draw; pass the logits over the whole vocabulary")
+    if V > 1 and logits.stride(1) != 1:
+        raise ValueError(f"logits must be contiguous in the vocabulary (stride 1), got strides {logits.stride()}: "
+                         f"pass logits.contiguous()")
+    if not isinstance(top_p, torch.Tensor) and not (_real(top_p) and 0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must be a number in (0, 1] (the probability the kept set reaches; 1 keeps every "
+                         f"token), got {top_p!r}")
+    if not isinstance(temperature, torch.Tensor) and not (_real(temperature) and math.isfinite(temperature)
+                                                          and temperature > 0.0):
+        raise ValueError(f"temperature must be a finite number > 0 (logits are divided by it), got {temperature!r}: "
+                         f"temperature 0 means greedy sampling, which is the argmax of the logits (logits.argmax(-1), "
+                         f"or skinny_gemm.skinny_argmax fused into the head)")
+    if block_n is not None and (not launch.whole(block_n) or block_n < 16 or block_n & (block_n - 1)):
+        raise ValueError(f"block_n must be a power of two >= 16 (the columns a program's loop takes at a time, a "
+                         f"Triton block; None: 1024 for 16-bit logits, 512 for float32), got {block_n!r}")
     return _per_row("top_p", top_p, B, logits.device), _per_row("temperature", temperature, B, logits.device)
 
 
+def _check_values(logits, top_p, temp):
+    """Refuse values the draw is undefined for: a top_p outside (0, 1] or a temperature that is not a finite
+    number > 0 (NaN included), and logits with a NaN or +inf, or a row whose logits are all -inf (no token
+    has any probability). Reads the values: on a GPU a synchronisation."""
+    finite = logits.amax(1) > float("-inf")  # rows and columns: checked before
+    bad_p = ~((top_p > 0) & (top_p <= 1))
+    bad_t = ~(torch.isfinite(temp) & (temp > 0))
+    nan, pos_inf = torch.isnan(logits), logits == float("inf")
+    p_wrong, t_wrong, nan_wrong, inf_wrong, empty_wrong = torch.stack(
+        [bad_p.any(), bad_t.any(), nan.any(), pos_inf.any(), (~finite).any()]).tolist()
+    if p_wrong:
+        b = int(bad_p.nonzero()[0, 0])
+        raise ValueError(f"top_p[{b}] = {float(top_p[b])} is not in (0, 1]: top_p is the probability the kept set "
+                         f"reaches (1 keeps every token); clamp it, or check the request's parameters")
+    if t_wrong:
+        b = int(bad_t.nonzero()[0, 0])
+        raise ValueError(f"temperature[{b}] = {float(temp[b])} is not a finite number > 0 (the logits are divided by "
+                         f"it): temperature 0 means greedy sampling, which is the argmax of the logits; draw only the "
+                         f"rows of temperature > 0 here")
+    for wrong, mask, what in ((nan_wrong, nan, "NaN"), (inf_wrong, pos_inf, "+inf")):
+        if wrong:
+            b, i = (int(v) for v in mask.nonzero()[0])
+            raise ValueError(f"logits[{b}, {i}] is {what}: softmax(logits / T) is undefined with it, and the kernels "
+                             f"would draw a token of no meaning; find where the logits went wrong (a token is masked "
+                             f"out with -inf)")
+    if empty_wrong:
+        b = int((~finite).nonzero()[0, 0])
+        raise ValueError(f"logits[{b}] is -inf everywhere: every token of the row is masked out, so none has any "
+                         f"probability to draw; leave at least one token finite")
+
+
+def _values_checked(check, logits, top_p, temp) -> None:
+    """Check the values (``_check_values``) where ``check`` asks: True always (an error where they cannot be
+    read), None on the CPU only (no synchronisation there), False never."""
+    if (check or (check is None and logits.device.type == "cpu")) and launch.values_readable(check, logits, top_p, temp):
+        _check_values(logits, top_p, temp)
+
+
 def _search(logits, top_p, temp, block_n: int | None):
-    """Launch the statistics and the passes: (stats, mass, prefix, layout)."""
+    """Launch the statistics and the passes: (stats, mass, prefix, layout). ``logits`` has rows and columns."""
     B, V = logits.shape
     bits = 16 if logits.element_size() == 2 else 32
     passes = bits // RADIX.value
-    block_n = block_n or (1024 if bits == 16 else 512)
-    if block_n & (block_n - 1) or block_n < 16:
-        raise ValueError(f"block_n must be a power of two of at least 16, got {block_n}")
+    block_n = (1024 if bits == 16 else 512) if block_n is None else block_n
     programs = max(1, min(64, triton.cdiv(4 * launch.sm_count(logits.device), B)))  # per row
     cols = triton.cdiv(triton.cdiv(V, programs), block_n) * block_n
     nb = triton.cdiv(V, cols)
@@ -211,22 +273,36 @@ def _search(logits, top_p, temp, block_n: int | None):
 
 
 def top_p_sample(logits: torch.Tensor, top_p=1.0, temperature=1.0, *, seed: torch.Tensor | int = 0,
-                 uniform: torch.Tensor | None = None, block_n: int | None = None) -> torch.Tensor:
+                 uniform: torch.Tensor | None = None, block_n: int | None = None,
+                 check: bool | None = None) -> torch.Tensor:
     """One token per row of ``logits`` [B, vocab] (fp16, bf16 or fp32), drawn from softmax(logits / T)
-    restricted to the row's top-p set: [B] int64. ``top_p`` in (0, 1] and ``temperature`` > 0 are floats or
-    float tensors [B] (one per request; tensors' values are not checked, so that the call fits in a CUDA
-    graph). The uniforms come from ``seed`` (an int, or an int64 tensor [1] on the device whose value a
-    graph replay reads) or, to reproduce a draw, from ``uniform`` [B, vocab] in (0, 1)."""
-    top_p, temp = _check_args(logits, top_p, temperature)
+    restricted to the row's top-p set: [B] int64 (empty for B = 0). ``top_p`` in (0, 1] and ``temperature``
+    > 0 (finite) are numbers or float tensors [B], one per request; temperature 0 is greedy sampling, the
+    logits' argmax, which this function does not do. The uniforms come from ``seed`` (an int, or an int64
+    tensor [1] on the device whose value a graph replay reads) or, to reproduce a draw, from ``uniform``
+    [B, vocab] in (0, 1). ``block_n``: columns per step of a program's loop, a power of two >= 16.
+
+    Numbers, shapes, dtypes and devices are checked at every call. ``check``: read the tensors' values
+    and refuse a top_p outside (0, 1], a temperature that is not a finite number > 0, a NaN or +inf logit,
+    or a row of logits all -inf (the draw is undefined for each). None (the default): on the CPU only,
+    where it costs no synchronisation; True: always (on a GPU a synchronisation; refused during a CUDA
+    graph capture); False: never (the caller vouches for them, e.g. inside a graph). Unchecked, such
+    values give a token of no meaning."""
+    top_p, temp = _check_args(logits, top_p, temperature, block_n)
     B, V = logits.shape
-    if uniform is not None and (uniform.shape != (B, V) or uniform.dtype != torch.float32 or uniform.stride(1) != 1
+    if uniform is not None and (not isinstance(uniform, torch.Tensor) or uniform.shape != (B, V)
+                                or uniform.dtype != torch.float32 or (V > 1 and uniform.stride(1) != 1)
                                 or uniform.device != logits.device):
         raise ValueError(f"uniform must be a float32 tensor [{B}, {V}] on {logits.device}, contiguous in its last "
-                         f"dimension, got {tuple(uniform.shape)} {uniform.dtype}")
+                         f"dimension, got {getattr(uniform, 'shape', type(uniform).__name__)} "
+                         f"{getattr(uniform, 'dtype', '')}")
     if not isinstance(seed, torch.Tensor):
         seed = torch.tensor([int(seed)], device=logits.device, dtype=torch.int64)
     elif seed.numel() != 1 or seed.dtype != torch.int64 or seed.device != logits.device:
         raise ValueError(f"seed must be an int or an int64 tensor of one element on {logits.device}")
+    if B == 0:
+        return torch.empty(0, device=logits.device, dtype=torch.int64)
+    _values_checked(check, logits, top_p, temp)
     stats, mass, prefix, lay = _search(logits, top_p, temp, block_n)
     nb = lay["nb"]
     val = torch.empty(B, nb, device=logits.device, dtype=torch.float32)
@@ -240,11 +316,15 @@ def top_p_sample(logits: torch.Tensor, top_p=1.0, temperature=1.0, *, seed: torc
     return out
 
 
-def top_p_mask(logits: torch.Tensor, top_p=1.0, temperature=1.0, *, block_n: int | None = None) -> torch.Tensor:
+def top_p_mask(logits: torch.Tensor, top_p=1.0, temperature=1.0, *, block_n: int | None = None,
+               check: bool | None = None) -> torch.Tensor:
     """The top-p set the kernels keep, as a bool tensor [B, vocab]: every token whose logit is at least the
     threshold tau that the search finds (the smallest set of the most probable tokens whose probability
-    is at least p, with every token tied at tau)."""
-    top_p, temp = _check_args(logits, top_p, temperature)
+    is at least p, with every token tied at tau). The arguments and ``check`` as for ``top_p_sample``."""
+    top_p, temp = _check_args(logits, top_p, temperature, block_n)
+    if logits.shape[0] == 0:
+        return torch.zeros(logits.shape, device=logits.device, dtype=torch.bool)
+    _values_checked(check, logits, top_p, temp)
     stats, mass, prefix, lay = _search(logits, top_p, temp, block_n)
     z = torch.stack([(s[:, 1] * torch.exp(s[:, 0] - s[:, 0].max())).sum() for s in stats])
     total = mass[-1].sum(1)  # [B, 16]

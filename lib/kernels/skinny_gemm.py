@@ -14,7 +14,7 @@ of w in flight to reach that rate. The kernel splits the work two ways:
 ``choose_config(M, N, K, sms)`` picks the tile and the split and ``use_for`` says where the kernel beats
 cuBLAS (chapter 7's tuning sweep, ``tools/tuning/skinny_sweep.py``, records why).
 Accumulation is in fp32; inputs fp16, bf16 or fp32. In Triton's interpreter (CPU) it runs in fp16 and
-fp32.
+fp32: the interpreter computes ``tl.dot`` of bf16 operands wrongly, so bf16 is refused there.
 
 Chapter: 7.
 """
@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lib.kernels import launch
+from lib.kernels import interpreter, launch
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_M = 64
@@ -98,6 +98,32 @@ def _argmax_blocks_kernel(VAL, IDX, OUT, BLOCKS, BLOCK: tl.constexpr):
     tl.store(OUT + row, tl.load(IDX + row * BLOCKS + at))
 
 
+INTERPRETED = interpreter.interpreted(_skinny_kernel)  # no GPU: see lib.kernels.interpreter
+
+
+def _check_operands(x, w) -> None:
+    """x [M, K] and w [K, N]: 2-D, fp16, bf16 or fp32 (not bf16 in the interpreter), contiguous in their last
+    dimension, one K, dtype and device."""
+    for name, t in (("x", x), ("w", w)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise ValueError(f"{name} must be a 2-D tensor, got {getattr(t, 'shape', type(t).__name__)}")
+        if t.dtype not in DTYPES:
+            raise TypeError(f"{name} must be fp16, bf16 or fp32, got {t.dtype}")
+        if t.shape[1] > 1 and t.stride(1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension, got strides {t.stride()}: pass "
+                             f"{name}.contiguous()")
+    if w.shape[0] != x.shape[1] or w.dtype != x.dtype or w.device != x.device:
+        raise ValueError(f"x {tuple(x.shape)} {x.dtype} and w {tuple(w.shape)} {w.dtype} must share K, dtype and device")
+    interpreter.refuse_bf16(INTERPRETED, x.dtype, "x and w are")
+
+
+def _power_of_two(name: str, value, least: int, why: str) -> int:
+    """``value`` if it is an integer power of two of at least ``least``; otherwise a ValueError naming it."""
+    if not launch.whole(value) or value < least or value & (value - 1):
+        raise ValueError(f"{name} must be a power of two >= {least} ({why}), got {value!r}")
+    return value
+
+
 def choose_config(M: int, N: int, K: int, sms: int) -> dict:
     """The launch for x [M, K] @ w [K, N] on a GPU of ``sms`` SMs: tiles of 64 rows of w (``block_k``),
     columns in blocks of 128 for wide matrices (N >= 16384) and of 64 otherwise, and the fewest splits of K
@@ -126,38 +152,48 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = No
               block_k: int | None = None, splits: int | None = None, num_warps: int | None = None,
               num_stages: int | None = None, reduce: bool = True) -> torch.Tensor:
     """x [M, K] @ w [K, N] for M <= 64 (both contiguous in their last dimension, one dtype, one device):
-    [M, N] in x's dtype. Launch parameters left as None come from ``choose_config``. With ``reduce=False``
-    a split launch returns its float32 partial sums [splits, M, N] unreduced, for a next kernel that adds
-    them as it loads them (``lib.kernels.fused``); a launch without a split returns [M, N] as always."""
-    for name, t in (("x", x), ("w", w)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 2:
-            raise ValueError(f"{name} must be a 2-D tensor, got {getattr(t, 'shape', type(t).__name__)}")
-        if t.dtype not in DTYPES:
-            raise TypeError(f"{name} must be fp16, bf16 or fp32, got {t.dtype}")
-        if t.stride(1) != 1:
-            raise ValueError(f"{name} must be contiguous in its last dimension, got strides {t.stride()}")
+    [M, N] in x's dtype. Launch parameters left as None come from ``choose_config``; given ones are checked,
+    not replaced: ``block_n`` and ``block_k`` powers of two >= 16 (tl.dot's smallest), ``splits`` a whole
+    number >= 1 that cuts K into slices of whole tiles, ``num_warps`` a power of two, ``num_stages`` >= 1.
+    ``out``: a contiguous [M, N] tensor of x's dtype on x's device that shares no memory with x or w. With
+    ``reduce=False`` a split launch returns its float32 partial sums [splits, M, N] unreduced, for a next
+    kernel that adds them as it loads them (``lib.kernels.fused``); a launch without a split returns [M, N]
+    as always."""
+    _check_operands(x, w)
     M, K = x.shape
-    if w.shape[0] != K or w.dtype != x.dtype or w.device != x.device:
-        raise ValueError(f"x {tuple(x.shape)} {x.dtype} and w {tuple(w.shape)} {w.dtype} must share K, dtype and device")
     if not 1 <= M <= MAX_M:
         raise ValueError(f"skinny_mm takes 1 to {MAX_M} rows, got {M}: use torch.mm for more")
     N = w.shape[1]
     cfg = choose_config(M, N, K, launch.sm_count(x.device))
-    block_n = block_n or cfg["block_n"]
-    block_k = block_k or cfg["block_k"]
-    splits = splits or cfg["splits"]
+    block_n = cfg["block_n"] if block_n is None else _power_of_two("block_n", block_n, 16, "the smallest tl.dot")
+    block_k = cfg["block_k"] if block_k is None else _power_of_two("block_k", block_k, 16, "the smallest tl.dot")
+    if splits is None:
+        splits = cfg["splits"]
+    elif not launch.whole(splits) or splits < 1:
+        raise ValueError(f"splits must be a whole number >= 1 (the slices of K, each a program's; None: "
+                         f"choose_config's), got {splits!r}")
+    num_warps = cfg["num_warps"] if num_warps is None else _power_of_two("num_warps", num_warps, 1,
+                                                                          "Triton's warps per program")
+    if num_stages is None:
+        num_stages = cfg["num_stages"]
+    elif not launch.whole(num_stages) or num_stages < 1:
+        raise ValueError(f"num_stages must be a whole number >= 1 (the software pipeline's depth), got {num_stages!r}")
     if K % splits or (K // splits) % block_k and splits > 1:
         raise ValueError(f"splits={splits} must cut K={K} into slices that are whole tiles of {block_k}")
     k_split = K // splits if splits > 1 else triton.cdiv(K, block_k) * block_k
     if out is None:
         out = torch.empty(M, N, device=x.device, dtype=x.dtype)
-    elif out.shape != (M, N) or out.dtype != x.dtype or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous [{M}, {N}] tensor of {x.dtype}")
+    else:
+        launch.tensors(out=(out, f"[{M}, {N}] {x.dtype}"))
+        if out.shape != (M, N) or out.dtype != x.dtype or out.device != x.device or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous [{M}, {N}] tensor of {x.dtype} on {x.device}, got "
+                             f"{tuple(out.shape)} {out.dtype} on {out.device} with strides {out.stride()}")
+        launch.overlap(out, dict(x=x, w=w))
     part = out if splits == 1 else torch.empty(splits, M, N, device=x.device, dtype=torch.float32)
     grid = (triton.cdiv(N, block_n), splits)
     _skinny_kernel[grid](x, w, part, M, N, K, k_split, x.stride(0), w.stride(0), M * N if splits > 1 else 0, N,
-                         BLOCK_M=cfg["block_m"], BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps or cfg["num_warps"],
-                         num_stages=num_stages or cfg["num_stages"])
+                         BLOCK_M=cfg["block_m"], BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps,
+                         num_stages=num_stages)
     if splits > 1 and not reduce:
         return part
     if splits > 1:
@@ -169,15 +205,16 @@ def skinny_argmax(x: torch.Tensor, w: torch.Tensor, *, block_n: int = 128, block
     """Greedy sampling fused into the output head: the column of the largest value of each row of x @ w
     ([M] int64), the products rounded to w's dtype first, as logits stored in it would be, and the first
     column on a tie, as ``torch.argmax`` picks. The logits are never written: each block of columns keeps
-    its rows' maxima, and a second small kernel picks among the blocks. x [M, K] with M <= 64, w [K, N]."""
-    for name, t in (("x", x), ("w", w)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.dtype not in DTYPES or t.stride(1) != 1:
-            raise ValueError(f"{name} must be a 2-D fp16, bf16 or fp32 tensor, contiguous in its last dimension")
+    its rows' maxima, and a second small kernel picks among the blocks. x [M, K] with M <= 64, w [K, N] with
+    N >= 1; ``block_n`` and ``block_k`` powers of two >= 16."""
+    _check_operands(x, w)
     M, K = x.shape
-    if w.shape[0] != K or w.dtype != x.dtype or w.device != x.device or not 1 <= M <= MAX_M:
-        raise ValueError(f"need x [M <= {MAX_M}, K] and w [K, N] of one dtype and device, got {tuple(x.shape)} and "
-                         f"{tuple(w.shape)}")
     N = w.shape[1]
+    if not 1 <= M <= MAX_M or N < 1:
+        raise ValueError(f"need x [M, K] with 1 <= M <= {MAX_M} and w [K, N] with N >= 1 (a column to pick), got "
+                         f"{tuple(x.shape)} and {tuple(w.shape)}")
+    _power_of_two("block_n", block_n, 16, "the smallest tl.dot")
+    _power_of_two("block_k", block_k, 16, "the smallest tl.dot")
     blocks = triton.cdiv(N, block_n)
     val = torch.empty(M, blocks, device=x.device, dtype=torch.float32)
     idx = torch.empty(M, blocks, device=x.device, dtype=torch.int64)

@@ -79,17 +79,22 @@ def read_sum(a: torch.Tensor, b: torch.Tensor, *, programs: int = 1024, block: i
     """Read ``a`` and ``b`` (contiguous, same number of elements, one device) once; return float32
     partial sums, one per program, whose total is a.sum() + b.sum(). ``programs`` pieces of
     ``block``-element steps; ``evict`` or ``cache`` (not both) is the loads' ``eviction_policy`` or
-    ``cache_modifier`` (tl.load's). ``out``: float32 (grid,) sharing no memory with a or b."""
+    ``cache_modifier`` (tl.load's). ``out``: float32 (grid,) sharing no memory with a or b. Empty a and b
+    give one partial sum of 0 (nothing is launched)."""
     launch.tensors(a=(a, "contiguous"), b=(b, "contiguous, as many elements as a"))
     if not (a.is_contiguous() and b.is_contiguous()) or a.numel() != b.numel() or a.device != b.device:
         raise ValueError(f"a and b must be contiguous tensors of one size on one device; got {tuple(a.shape)} "
                          f"{a.device}, {tuple(b.shape)} {b.device}: pass .contiguous() copies on one device")
     _launch_shape(programs, block, num_warps)
+    hints = _hints(evict, cache)
     n = a.numel()
-    n_per = triton.cdiv(triton.cdiv(n, programs), block) * block
+    n_per = max(1, triton.cdiv(triton.cdiv(n, programs), block)) * block
     grid = max(1, triton.cdiv(n, n_per))
     out = _check_out(out, grid, a.device, dict(a=a, b=b))
-    _read_sum_kernel[(grid,)](a, b, out, n, n_per, BLOCK=block, **_hints(evict, cache), num_warps=num_warps)
+    if n:
+        _read_sum_kernel[(grid,)](a, b, out, n, n_per, BLOCK=block, **hints, num_warps=num_warps)
+    else:
+        out.zero_()
     return out
 
 
@@ -142,17 +147,18 @@ def read_pages_sum(k_cache: torch.Tensor, v_cache: torch.Tensor, pages: torch.Te
                          f"v_cache on {v_cache.device}")
     pages = pages.contiguous()
     _launch_shape(programs, block, num_warps)
-    chunk = k_cache[0].numel()
-    if chunk & (chunk - 1):
+    hints = _hints(evict, cache)
+    chunk = k_cache.shape[1] * k_cache.shape[2] * k_cache.shape[3]  # a page's slab (the pool may have no pages)
+    if chunk < 1 or chunk & (chunk - 1):
         raise ValueError(f"a page's slab H_kv * page_size * d must be a power of two (the kernel steps through "
-                         f"it in pieces of a power of two); got {chunk}")
+                         f"it in pieces of a power of two); got {chunk} for caches {tuple(k_cache.shape)}")
     if launch.values_readable(check, pages) and pages.numel():
         bad = (pages < 0) | (pages >= k_cache.shape[0])
         if bool(bad.any()):
             i = int(bad.nonzero()[0, 0])
-            raise ValueError(f"pages[{i}] = {int(pages[i])} names no page of the caches (they have "
-                             f"{k_cache.shape[0]} pages, 0 .. {k_cache.shape[0] - 1}): the kernel would read "
-                             f"outside them")
+            n = k_cache.shape[0]
+            raise ValueError(f"pages[{i}] = {int(pages[i])} names no page of the caches (they have {n} pages"
+                             f"{f', 0 .. {n - 1}' if n else ''}): the kernel would read outside them")
     sub = min(chunk, block)
     n_units = pages.numel() * (chunk // sub)
     per = max(1, triton.cdiv(n_units, programs))
@@ -160,7 +166,7 @@ def read_pages_sum(k_cache: torch.Tensor, v_cache: torch.Tensor, pages: torch.Te
     out = _check_out(out, grid, k_cache.device, dict(k_cache=k_cache, v_cache=v_cache, pages=pages))
     if n_units:
         _read_pages_kernel[(grid,)](k_cache, v_cache, pages, out, n_units, per, CHUNK=chunk, SUB=sub,
-                                    ROWS=max(1, block // sub), **_hints(evict, cache), num_warps=num_warps)
+                                    ROWS=max(1, block // sub), **hints, num_warps=num_warps)
     else:
         out.zero_()
     return out
