@@ -241,8 +241,8 @@ def test_preemption_of_the_newest_by_hand():
     ], [(3, 4.5, 0), (3, 2.0, 4), (1, 0.0, 5), (4, 5.0, 0), (1, 0.0, 4)], [
         result(PREEMPT[0], ttft=4.0, e2e=10.0, tpot=3.0, itl_max=4.0, queue=0.0, prefill=4.0),
         # B: first admitted at 4, first token at 8 (kept through the pre-emption), then 15, 17; it was in
-        # prefill during steps 2 and 4 (4 s + 5 s)
-        result(PREEMPT[1], ttft=7.0, e2e=16.0, tpot=4.5, itl_max=7.0, queue=3.0, prefill=9.0, preemptions=1),
+        # prefill before its first token: step 2 (4 s); step 4 recomputes its KV after it, no stage of its TTFT
+        result(PREEMPT[1], ttft=7.0, e2e=16.0, tpot=4.5, itl_max=7.0, queue=3.0, prefill=4.0, preemptions=1),
         result(PREEMPT[2], ttft=13.0, e2e=13.0, tpot=NAN, itl_max=NAN, queue=8.0, prefill=5.0),
     ])
 
@@ -277,7 +277,8 @@ def test_preemption_tie_goes_to_the_higher_id():
         step(13, 19, prefill={1: 5}, yielded=[1], finished=[1], kv=0),
     ], [(4, 4.0, 0), (2, 0.0, 6), (2, 0.0, 8), (1, 0.0, 5), (5, 12.5, 0)], [
         result(two[0], ttft=5.0, e2e=13.0, tpot=8 / 3, itl_max=3.0, queue=0.0, prefill=5.0),
-        result(two[1], ttft=5.0, e2e=19.0, tpot=14 / 3, itl_max=8.0, queue=0.0, prefill=11.0, preemptions=1),
+        # step 1 (5 s) before its first token; step 5 recomputes after it
+        result(two[1], ttft=5.0, e2e=19.0, tpot=14 / 3, itl_max=8.0, queue=0.0, prefill=5.0, preemptions=1),
     ])
     assert [r["preemptions"] for r in res] == [0, 1]
 

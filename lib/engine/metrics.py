@@ -57,7 +57,7 @@ def goodput(results: list[dict], ttft_slo: float, tpot_slo: float, kind: str | N
 
 def decomposition(results: list[dict], kind: str | None = None, q: float = 50) -> dict:
     """Where TTFT goes, at the ``q``-th percentile of each stage over the requests (of ``kind``): time queued
-    (arrival to admission), in prefill steps (the steps that computed its prompt), and the rest before
+    (arrival to admission), in prefill steps (the steps that computed its prompt, up to its first token), and the rest before
     its first token (admitted, in steps that did not prefill it), with TTFT itself; seconds."""
     rs = [r for r in results if kind is None or r["kind"] == kind]
     if not rs:

@@ -301,7 +301,8 @@ class Scheduler:
             raise RuntimeError(f"the model gave {len(tokens)} tokens for a step that samples {len(sampled)}")
         for x, start, end in plan.prefills:
             x.prefilled = end
-            x.prefill_time += duration
+            if not x.token_times:  # a stage of its TTFT; recomputing after a pre-emption comes after it
+                x.prefill_time += duration
             x.prefill_chunks.append((now, end - start))
             if end == x.target and self.config.enable_prefix_caching:
                 self.cache.commit(x.lease)
