@@ -371,6 +371,21 @@ def detail(data: dict) -> pd.DataFrame:
     ])
 
 
+def datasheet_floor(pts: pd.DataFrame, sheet: dict) -> pd.DataFrame:
+    """Every point with the L2 defeated against the floor at the vendor's rates, max(F/P, Q/BW) with P the
+    datasheet's bf16 rate and BW its HBM rate, no launch term: the hardware's limits, which no kernel beats,
+    where chapter 0's measured rates are the best of the shapes it timed. Columns "datasheet floor (us)" and
+    "measured / datasheet floor", sorted by the ratio (the fastest first)."""
+    if not sheet or not (sheet.get("bf16_tflops", 0) > 0 and sheet.get("hbm_GBps", 0) > 0):
+        raise ValueError("datasheet_floor needs the device's datasheet rates (bf16_tflops and hbm_GBps, as "
+                         "lib.bench.device.DATASHEETS has them); this device has none: skip the comparison")
+    cold = pts[pts["L2"] == "cold"].copy()
+    floor_s = [max(f / (sheet["bf16_tflops"] * 1e12), q / (sheet["hbm_GBps"] * 1e9)) for f, q in zip(cold["F"], cold["Q"])]
+    cold["datasheet floor (us)"] = [t * 1e6 for t in floor_s]
+    cold["measured / datasheet floor"] = cold["GPU time (us)"] / cold["datasheet floor (us)"]
+    return cold.sort_values("measured / datasheet floor")
+
+
 def attention_findings(pts: pd.DataFrame, c: dict) -> dict:
     """The attention numbers the page quotes: decode at its smallest and largest shape (B, L) (time, ratio
     to the floor, the K/V read rate as a fraction of the read ceiling), the lowest and highest such fraction,
@@ -423,7 +438,7 @@ def findings(pts: pd.DataFrame, det: pd.DataFrame) -> dict:
     cold = pts[pts["L2"] == "cold"]
     hot = pts[pts["L2"] == "hot"]
     ratio = cold["measured / model"]
-    held = cold[cold["what"] != "decode attention"]  # decode attention outreads chapter 0's read kernel
+    held = cold[cold["what"] != "decode attention"]  # decode attention is set against the read rate on its own (a target)
     fastest = held.loc[held["measured / model"].idxmin()]
     fastest_what = (f"the {fastest['what']} layer of chapter 1 at M = {fastest['size']}" if fastest["source"] == "linear"
                     else f"{fastest['what']} at T = {fastest['size']}")
