@@ -102,9 +102,9 @@ def test_a_submission_arriving_in_the_future_is_refused_by_the_front_end():
 # ---------------------------------------------------------------------------- 10, 11: the page between steps
 
 def test_the_page_shows_the_engine_as_it_is_when_scraped():
-    """Three requests of 6 tokens hold 2 blocks of 4 each: 6 of 10 blocks. Aborted, and the step that takes the
-    aborts runs nothing (no step record): the page says what the engine says, 0 running and no KV in use
-    (their cached full blocks are evictable, not in use)."""
+    """Three requests of 6 tokens hold 2 blocks of 4 each: 6 of 10 blocks. Aborted between two steps, they
+    leave at once: with no step after the aborts, the page says what the engine says, 0 running and no KV in
+    use (their cached full blocks are evictable, not in use); a step after that runs nothing."""
     e = LLMEngine.virtual(EngineConfig(max_num_seqs=4, block_size=4, num_blocks=10, max_model_len=64), COST, vocab=50)
     exporter = PrometheusExporter(e)
     running, waiting, kv = (("engine_num_requests_running", ()), ("engine_num_requests_waiting", ()),
@@ -117,10 +117,24 @@ def test_the_page_shows_the_engine_as_it_is_when_scraped():
     assert (page[running], page[waiting], page[kv]) == (3, 0, pytest.approx(0.6))
     for i in ids:
         e.abort(i)
-    assert e.step() == [] and len(e.steps) == 1 and not e.scheduler.running
+    assert not e.scheduler.running and e.unfinished == 0 and e.kv_blocks_in_use == 0
     page = scrape(exporter)
     assert (page[running], page[waiting], page[kv]) == (0, 0, 0)
     assert len(e.scheduler.cache.evictable) == 3 and e.pool.free_count == 7
+    assert e.step() == [] and len(e.steps) == 1
+    assert (scrape(exporter)[running], e.aborted) == (0, 3)
+
+
+def test_an_abort_asked_during_a_step_takes_effect_at_the_next():
+    """A token callback that aborts another request mid-step: that step's plan runs as it was made (both
+    requests get their token), and the abort takes effect when the next step starts."""
+    e = LLMEngine.virtual(EngineConfig(max_num_seqs=4, block_size=4, num_blocks=10, max_model_len=64), COST, vocab=50)
+    a, b = e.add_request([1, 2, 3], sp(5)), e.add_request([4, 5, 6], sp(5))
+    e.on_token(lambda rid, tok, fin: e.abort(b) if rid == a else None)
+    first = e.step()
+    assert sorted(r for r, _, _ in first) == [a, b] and len(e.scheduler.running) == 2
+    second = e.step()
+    assert [r for r, _, _ in second] == [a] and e.requests[b].finish_reason == "abort"
 
 
 def test_requests_refused_after_the_last_step_reach_the_page():

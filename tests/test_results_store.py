@@ -255,15 +255,25 @@ def test_a_run_checks_its_arguments(repo):
         Run("exp", mode="measure", device="tpu", root=repo)
 
 
-def test_measuring_on_the_cpu_is_a_smoke_run_unless_asked(repo):
+def test_measuring_on_the_cpu_is_a_smoke_run_unless_asked(repo, monkeypatch):
+    import torch
+
     r = Run("exp", mode="measure", device="cpu", root=repo)
     assert (r.mode, r.device, r.size, r.slug) == ("measure", "cpu", "smoke", "cpu")
     assert r.path == repo / "results" / "cpu" / "exp.json" and not r.strict
     assert repr(r) == "Run('exp', mode='measure', device='cpu', size='smoke', set='cpu')"
     full = Run("exp", mode="measure", device="cpu", size="full", root=repo, results_dir=repo / "elsewhere")
     assert full.size == "full" and full.path == repo / "elsewhere" / "cpu" / "exp.json"
-    assert Run("exp", mode="measure", device="auto", root=repo).device in ("cpu", "cuda")
-    assert Run("exp", mode="measure", root=repo).device in ("cpu", "cuda")  # the device is "auto" unless given
+    if not torch.cuda.is_available():  # the device is "auto" unless given: without a GPU, auto measures nothing
+        with pytest.raises(results.NoDevice, match="without a CUDA GPU: there is nothing to measure") as e:
+            Run("exp", mode="measure", root=repo)
+        assert "device='cpu'" in str(e.value) and "mode='replay'" in str(e.value)
+        assert not (repo / "results" / "cpu").exists()
+        monkeypatch.setenv("BOOK_MODE", "measure")  # what papermill -p mode measure or BOOK_MODE=measure give
+        with pytest.raises(results.NoDevice):
+            Run("exp", mode="auto", root=repo)
+    else:
+        assert Run("exp", mode="measure", root=repo).device == "cuda"
 
 
 def test_measuring_on_a_gpu_is_full_size_unless_asked(repo, monkeypatch):

@@ -106,6 +106,10 @@ class UnwritableValue(ResultsError, ValueError):
     """A value JSON cannot hold (NaN, infinity, a numpy scalar, an object): its key is named."""
 
 
+class NoDevice(RuntimeError):
+    """Measuring was asked for where there is no GPU, and no device was named: nothing is measured or written."""
+
+
 class WriteInProgress(ResultsError):
     """Another process holds the file's write lock."""
 
@@ -685,6 +689,12 @@ class Run:
         if mode == "measure":
             from lib.bench import device as dev
 
+            if device == "auto" and dev.resolve("auto") != "cuda":
+                raise NoDevice(
+                    f"{notebook}: mode='measure' on a machine without a CUDA GPU: there is nothing to measure, since the "
+                    "book's results come from a GPU. Replay the stored results with mode='replay' (or 'auto'), or, to "
+                    "smoke-run the measuring code on the CPU, pass device='cpu' and a results_dir outside the book's "
+                    "results/ folder.")
             self.device = dev.resolve(device)
             self.slug = dev.properties(self.device)["slug"]
             self.size = size if size != "auto" else ("full" if self.device == "cuda" else "smoke")

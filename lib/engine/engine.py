@@ -102,6 +102,7 @@ class LLMEngine:
         self._ids = itertools.count()
         self._inbox: deque[Request] = deque()
         self._aborts: deque[int] = deque()
+        self._stepping = False  # inside step(): an abort waits for the next step's start
         self._on_token = []  # callbacks (request id, token, finished), called after each step
         self._on_step = []  # callbacks (step record, requests finished by it)
         self._on_events = []  # callbacks ([(request id, token, finished), ...] of a step)
@@ -189,8 +190,12 @@ class LLMEngine:
         return x.id
 
     def abort(self, request_id: int) -> None:
-        """Stop a request (at the next step): it leaves its queue or the running batch, its blocks released."""
+        """Stop a request: it leaves its queue or the running batch, its blocks released. Between two steps that
+        happens at once (what the engine and its metrics report counts it no more); asked during a step (from
+        a callback), at the next step's start."""
         self._aborts.append(request_id)
+        if not self._stepping:
+            self._take_inbox()
 
     def close(self) -> None:
         """No request will be added any more: batches and windows stop waiting for more."""
@@ -239,6 +244,13 @@ class LLMEngine:
 
     def step(self) -> list[tuple[int, int, bool]]:
         """One step (see the module): the (request id, token, finished) it produced; [] if nothing could run."""
+        self._stepping = True
+        try:
+            return self._step()
+        finally:
+            self._stepping = False
+
+    def _step(self) -> list[tuple[int, int, bool]]:
         t0 = self.clock()
         self._take_inbox()
         plan = self.scheduler.schedule(t0)
