@@ -59,7 +59,8 @@ every run ends: it finishes, or it stops with that error. A queue that nothing c
 Metrics, per request (times in seconds): ``ttft`` arrival to first token; ``e2e`` arrival to last token;
 ``tpot`` = (e2e - ttft) / (output - 1) (NaN for one output token); ``itl_max`` the longest gap between
 two of its tokens; ``queue`` arrival to first admission; ``prefill`` the total time of the steps that
-prefilled it before its first token (a stage of its TTFT; recomputing after a pre-emption is not); ``decode`` first token to last; ``preemptions``; ``tokens`` generated.
+prefilled it before its first token (a stage of its TTFT; recomputing after a pre-emption is not);
+``decode`` first token to last; ``preemptions``; ``tokens`` generated.
 ``lib.serving.metrics`` turns them into percentiles, tokens/s and goodput.
 
 Chapters: 6.
