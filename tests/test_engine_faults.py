@@ -167,6 +167,25 @@ def test_stop_tokens_that_are_not_a_list_are_a_request_error(stops):
     assert SamplingParams(stop_token_ids=[5]).stop_token_ids == (5,)
 
 
+def test_sampling_fields_as_a_request_body_are_checked_and_refusals_counted():
+    """A front end hands the engine a request's JSON fields: a bad one is a RequestError the engine counts as
+    an invalid request (the page's rejects), an unknown one is named, and nothing is queued."""
+    e = LLMEngine.virtual(EngineConfig(max_num_seqs=4, block_size=4, num_blocks=60, max_model_len=64), COST, vocab=50)
+    exporter = PrometheusExporter(e)
+    with pytest.raises(RequestError, match="write one stop token as \\(5,\\)"):
+        e.add_request([1, 2], {"stop_token_ids": 5})
+    with pytest.raises(RequestError, match=r"unknown sampling fields \['n'\]"):
+        e.add_request([1, 2], {"max_tokens": 2, "n": 2})
+    with pytest.raises(RequestError, match="a SamplingParams \\(or a dict of its fields\\), got list"):
+        e.add_request([1, 2], [2])
+    assert dict(e.rejects) == {"invalid": 3} and e.unfinished == 0
+    assert scrape(exporter)[("engine_request_rejects_total", (("reason", "invalid"),))] == 3
+    rid = e.add_request([1, 2], {"max_tokens": 2, "ignore_eos": True})
+    e.close()
+    e.run()
+    assert e.requests[rid].output and len(e.requests[rid].output) == 2
+
+
 class Returns:
     def __init__(self, value):
         self.value = value
@@ -227,13 +246,22 @@ def test_a_finished_request_leaves_no_queue_behind_and_a_slow_reader_gets_every_
 
 # ---------------------------------------------------------------------------- 13: a static batch in the front end
 
+def test_a_static_front_end_that_nobody_will_close_is_refused():
+    """Two requests under the static policy with batches of 8 would wait for 6 more for ever in a front end that
+    is never closed: the front end is refused when it is made, with what to do instead."""
+    e = instant_engine(policy="static", max_num_seqs=8)
+    with pytest.raises(ValueError, match=r"would wait for ever\. Use the dynamic policy .*until_close=True"):
+        AsyncEngine(e)
+    AsyncEngine(instant_engine(policy="dynamic", max_num_seqs=8, max_wait=0.01))  # a static batch with a deadline
+
+
 def test_a_static_batch_starts_when_the_front_end_is_closed():
     """Two requests under the static policy with batches of 8: the batch waits for 6 more, and starts at once
     when the clients say none will come (close); a request after that is refused."""
     e = instant_engine(policy="static", max_num_seqs=8)
 
     async def main():
-        async with AsyncEngine(e) as a:
+        async with AsyncEngine(e, until_close=True) as a:
             streams = [a.submit([1 + i] * 3, sp(2)) for i in range(2)]
             for _ in range(20):  # loop turns of the front end: the batch cannot start, whatever the machine's speed
                 await asyncio.sleep(0.001)
@@ -253,7 +281,7 @@ def test_a_full_static_batch_starts_without_closing():
     e = instant_engine(policy="static", max_num_seqs=2)
 
     async def main():
-        async with AsyncEngine(e) as a:
+        async with AsyncEngine(e, until_close=True) as a:
             return await asyncio.wait_for(asyncio.gather(*(read(a.submit([5] * 3, sp(2))) for _ in range(2))), HANG)
 
     assert asyncio.run(main()) == [[3, 4], [3, 4]] and not e.scheduler.arrivals_done
@@ -264,7 +292,7 @@ def test_open_loop_closes_a_static_front_end_after_the_workload_s_last_request()
     wl = [{"id": i, "arrival": 0.001 * i, "output": 2, "kind": "chat"} for i in range(3)]
 
     async def main():
-        async with AsyncEngine(e) as a:
+        async with AsyncEngine(e, until_close=True) as a:
             return await asyncio.wait_for(open_loop(a, wl, [[1, 2, 3]] * 3), HANG)
 
     out = asyncio.run(main())
@@ -296,7 +324,7 @@ def test_a_static_front_end_on_a_virtual_clock_waits_for_close_and_then_runs():
                                        max_model_len=64), COST, vocab=50)
 
     async def main():
-        async with AsyncEngine(e) as a:
+        async with AsyncEngine(e, until_close=True) as a:
             streams = [a.submit([1 + i] * 3, sp(2)) for i in range(2)]
             for _ in range(20):
                 await asyncio.sleep(0.001)

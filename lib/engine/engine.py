@@ -149,12 +149,21 @@ class LLMEngine:
                     arrival: float | None = None) -> int:
         """Queue a request for the tokens ``prompt`` (ids); returns its id. ``arrival``: when it arrived on the
         engine's clock (default: now), from which its latencies count. Raises ``RequestError`` for a bad
-        request and ``EngineOverloaded`` when ``max_queue`` requests wait; either way nothing changed. An
-        ``arrival`` after the clock's reading now is refused: a request cannot arrive before it is added."""
+        request and ``EngineOverloaded`` when ``max_queue`` requests wait; either way nothing changed, and the
+        refusal is counted (``rejects``). ``sampling`` may be the fields of a ``SamplingParams`` as a dict (what a
+        request's JSON body holds): a bad field is a refused request like any other. An ``arrival`` after the
+        clock's reading now is refused: a request cannot arrive before it is added."""
         sampling = SamplingParams() if sampling is None else sampling
         try:
+            if isinstance(sampling, dict):
+                fields = set(SamplingParams.__dataclass_fields__)
+                unknown = sorted(set(sampling) - fields, key=str)
+                if unknown:
+                    raise RequestError(f"unknown sampling fields {unknown}: the fields are {sorted(fields)}")
+                sampling = SamplingParams(**sampling)
             if not isinstance(sampling, SamplingParams):
-                raise RequestError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+                raise RequestError(f"sampling must be a SamplingParams (or a dict of its fields), got "
+                                   f"{type(sampling).__name__}")
             try:
                 ids = integer_ids(prompt, "token", self.vocab, "the vocabulary")
             except (TypeError, ValueError) as e:

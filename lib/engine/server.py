@@ -15,9 +15,12 @@ shortly (a batching window may close meanwhile). On a virtual clock (``LLMEngine
 clock to the end of the earliest window (``LLMEngine.next_wake``), as ``LLMEngine.run`` does, or else
 waits for a request, an abort or ``close``. A static batch (``policy="static"``) starts only when
 ``max_num_seqs`` requests wait or no more requests will come, and only the clients know the latter:
-``close()`` says so, after which the waiting batch starts and no request is taken any more (the dynamic
-policy is the static one with a deadline, ``max_wait``, for a front end that is never closed). Closed,
-with requests waiting that nothing can admit, the front end stops with ``LLMEngine.stuck``'s error.
+``close()`` says so, after which the waiting batch starts and no request is taken any more. A batch that
+never fills would wait for ever in a front end that is never closed, so a static front end is refused unless
+made with ``until_close=True`` by a client that will call ``close()`` (``open_loop`` does, after a workload's
+last request); a server that is never closed wants the dynamic policy, the static one with a deadline
+(``max_wait``). Closed, with requests waiting that nothing can admit, the front end stops with
+``LLMEngine.stuck``'s error.
 
 ``open_loop`` is a benchmark client: it sends each request of a workload at its arrival time, whatever
 the engine is doing (open loop: a slow engine does not slow the arrivals), and stamps each request's
@@ -36,9 +39,16 @@ from lib.engine.engine import LLMEngine, VirtualClock
 
 
 class AsyncEngine:
-    """``engine`` served to coroutines (see the module). Use as ``async with AsyncEngine(engine) as a: ...``."""
+    """``engine`` served to coroutines (see the module). Use as ``async with AsyncEngine(engine) as a: ...``.
+    ``until_close``: the static policy is served only with it, by a client that calls ``close()``."""
 
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: LLMEngine, *, until_close: bool = False):
+        if engine.scheduler.policy.kind == "static" and not until_close:
+            raise ValueError(
+                "a static batch starts only when max_num_seqs requests wait or no more will come, and a front end "
+                "takes requests until close(): a batch that never fills would wait for ever. Use the dynamic policy "
+                "(policy='dynamic' with max_wait, a static batch with a deadline), or, for a client that calls "
+                "close() after its last request, AsyncEngine(engine, until_close=True)")
         self.engine = engine
         self._streams: dict[int, asyncio.Queue] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -171,7 +181,8 @@ async def open_loop(aengine: AsyncEngine, workload: list[dict], prompts: list[li
     "start": the start on the engine's clock, "ids": {engine request id: workload id}}. The arrivals are
     stamped when they were due (or when sent, if the event loop's timer fired a hair early). ``close``:
     close the front end after the workload's last request, its arrivals all in (as the simulator knows
-    they are); None: only under the static policy, whose last batch would otherwise wait for ever."""
+    they are); None: only under the static policy, whose last batch would otherwise wait for ever (its front
+    end is made with ``until_close=True``)."""
     clock = aengine.engine.clock
     if isinstance(clock, VirtualClock):
         raise ValueError("open_loop sends requests in real time, but this engine runs on a virtual clock: run the "

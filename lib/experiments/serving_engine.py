@@ -185,7 +185,7 @@ def run_open_loop(runner, config: EngineConfig, reqs: list[dict], prompts, *, ke
     e = LLMEngine.from_runner(runner, config)
 
     async def go():
-        async with AsyncEngine(e) as a:
+        async with AsyncEngine(e, until_close=True) as a:  # open_loop closes it after the last request
             return await open_loop(a, reqs, prompts)
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
