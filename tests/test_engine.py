@@ -75,7 +75,12 @@ def test_bad_requests_are_refused_and_change_nothing(prompt, kw, words):
     assert e.rejects["invalid"] == (1 if "add_request" in "".join(str(t) for t in err.traceback) else 0)
     assert e.step() == [] and e.requests == {}
     with pytest.raises(RequestError, match="SamplingParams"):
-        e.add_request([1, 2], {"max_tokens": 3})
+        e.add_request([1, 2], (3,))
+    # the same fields as a request body's dict: every bad one is refused by the engine, and counted
+    before = e.rejects["invalid"]
+    with pytest.raises(RequestError, match=words):
+        e.add_request(prompt, kw)
+    assert e.rejects["invalid"] == before + 1 and e.unfinished == 0 and e.pool.free_count == free
 
 
 def test_a_request_longer_than_the_pool_is_refused():
