@@ -49,7 +49,7 @@ help:
 	@echo "make check-html   build the site, open every page in headless Chromium, screenshots in _build/screenshots"
 	@echo "make check-kernels compile the book's kernels for sm_90a without a GPU, on Triton $(TRITON) and $(TRITON_NEXT)"
 	@echo "                  (one configuration of each code path; ALL=1: every configuration the chapters launch)"
-	@echo "make mutants      mutation testing of the ideas and the results store; fails below 85% killed"
+	@echo "make mutants      mutation testing of the ideas, the engine and the results store; fails below 85% killed"
 	@echo "make measure      run every notebook in measure mode on this machine's GPU (chapter order)"
 	@echo "make devices      replay every other device's results in results/ for the book's devices page"
 	@echo "make notebooks    re-execute the committed notebooks in replay mode, in place (REFERENCE=$(REFERENCE))"

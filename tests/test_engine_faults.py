@@ -125,6 +125,17 @@ def test_the_page_shows_the_engine_as_it_is_when_scraped():
     assert (scrape(exporter)[running], e.aborted) == (0, 3)
 
 
+def test_an_engine_whose_pool_another_holds_refuses_every_request_and_shows_no_kv_in_use():
+    """A pool of 2 blocks both held before the engine was made: the engine may use none of them. Every request
+    is refused with that reason, and the page's KV usage is 0, not a division by zero."""
+    pool = KVPool(2, 2, storage=False)
+    pool.allocate(2)
+    e = LLMEngine(EngineConfig(block_size=2, max_model_len=64), InstantRunner(), pool, vocab=50)
+    with pytest.raises(RequestError, match="more than the pool's 0"):
+        e.add_request([1], sp(1))
+    assert scrape(PrometheusExporter(e))[("engine_kv_cache_usage_perc", ())] == 0.0
+
+
 def test_an_abort_asked_during_a_step_takes_effect_at_the_next():
     """A token callback that aborts another request mid-step: that step's plan runs as it was made (both
     requests get their token), and the abort takes effect when the next step starts."""

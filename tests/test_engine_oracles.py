@@ -37,8 +37,9 @@ def engine(dt=1.0, **kw):
     return LLMEngine.virtual(EngineConfig(**cfg), Unit(dt), vocab=50, num_blocks=num_blocks)
 
 
-def run(e, limit=100):
-    """``e.close(); e.run()``, but a loop that would never end fails after ``limit`` steps instead of hanging."""
+def run(e, limit=100, close=True):
+    """``e.close(); e.run()`` (``close=False``: ``e.run()`` alone), but a loop that would never end fails after
+    ``limit`` steps instead of hanging."""
     calls = [0]
     step = e.step
 
@@ -49,7 +50,8 @@ def run(e, limit=100):
         return step()
 
     e.step = counted
-    e.close()
+    if close:
+        e.close()
     e.run()
     del e.step
 
@@ -479,3 +481,137 @@ def test_the_engine_summary_reads_the_simulator_s_results():
     assert s["ttft_mean"] == pytest.approx(6.5 / 3, rel=1e-12) and s["tpot_mean"] == 1.0
     assert decomposition(sim) == decomposition(e.results(), q=50) == {"queue": 0.0, "prefill": 1.0, "other": 1.0,
                                                                        "ttft": 2.0}
+
+
+# ---------------------------------------------------------------------------- windows, replay, the virtual runner
+
+def test_a_dynamic_batch_starts_when_its_oldest_request_has_waited_max_wait():
+    """Dynamic batches of 4 with max_wait 0.5 s, one request at t=0 and nothing closed: the batch cannot fill,
+    so it starts when the request has waited 0.5 s (``run`` moves the clock there), and its token comes 1 s
+    later. A second engine given the same request with a second one due at 3 s (``replay``): the first batch
+    starts at 0.5 all the same, the second request, the workload's last, starts at 3 (nothing more can come)."""
+    e = engine(policy="dynamic", max_num_seqs=4, max_wait=0.5, num_blocks=20)
+    rid = e.add_request([1, 2], sp(1))
+    assert e.step() == [] and e.next_wake() == 0.5  # nothing runs before the window ends
+    run(e, close=False)  # not closed: only the window can start the batch
+    assert [(s["start"], s["end"]) for s in e.steps] == [(0.5, 1.5)] and by_id(e)[rid]["ttft"] == 1.5
+    e2 = engine(policy="dynamic", max_num_seqs=4, max_wait=0.5, num_blocks=20)
+    out = replay(e2, [{"id": 0, "arrival": 0.0, "input": 2, "output": 1},
+                      {"id": 1, "arrival": 3.0, "input": 2, "output": 1}], [[1, 2], [3, 4]])
+    assert [(s["start"], s["end"]) for s in e2.steps] == [(0.5, 1.5), (3.0, 4.0)]
+    assert [(r["id"], r["queue"], r["ttft"]) for r in out] == [(0, 0.5, 1.5), (1, 0.0, 1.0)]
+
+
+def test_a_continuous_window_holds_a_queue_until_it_ends_or_the_budget_fills():
+    """Continuous batching with a window of 0.25 s and a step budget of 8 prompt tokens. A (2 tokens) at t=0 is
+    held until 0.25. B (4) and C (4) at t=0 fill the budget (8 tokens): admitted at once, no wait."""
+    e = engine(max_num_seqs=4, max_wait=0.25, num_blocks=20, max_num_batched_tokens=8)
+    a = e.add_request([1, 2], sp(1))
+    run(e, close=False)
+    assert e.steps[0]["start"] == 0.25 and by_id(e)[a]["queue"] == 0.25
+    e = engine(max_num_seqs=4, max_wait=0.25, num_blocks=20, max_num_batched_tokens=8)
+    b, c = e.add_request([1, 2, 3, 4], sp(1)), e.add_request([5, 6, 7, 8], sp(1))
+    e.step()
+    assert e.steps[0]["start"] == 0.0 and e.steps[0]["prefill"] == {b: 4, c: 4}
+
+
+def test_replay_admits_by_arrival_from_any_clock_reading_with_a_sampling_rule():
+    """A workload listed out of order, replayed on a virtual clock that already reads 10 s, one request running
+    at a time, each asking for one token more than its "output" (the sampling rule). Arrivals come back
+    relative to the start; the two requests due at 0 are admitted in workload order (index breaks the tie).
+
+    10-12: 6 (due 0) prefills, then decodes its 2nd token; 12-14: 7 (due 0) the same; 14-17: 5 (due 1, 3
+    tokens). TTFT: 6 1 s, 7 3 s, 5 (arrived at 11) 4 s."""
+    e = engine(max_num_seqs=1, num_blocks=20)
+    e.clock.advance_to(10.0)
+    wl = [{"id": 5, "arrival": 1.0, "input": 2, "output": 2}, {"id": 6, "arrival": 0.0, "input": 2, "output": 1},
+          {"id": 7, "arrival": 0.0, "input": 2, "output": 1}]
+    out = replay(e, wl, [[1, 2], [3, 4], [5, 6]],
+                 sampling=lambda r: SamplingParams(max_tokens=r["output"] + 1, ignore_eos=True))
+    got = [(r["id"], r["arrival"], r["output"], r["ttft"], r["e2e"]) for r in out]
+    assert got == [(5, 1.0, 3, 4.0, 6.0), (6, 0.0, 2, 1.0, 2.0), (7, 0.0, 2, 3.0, 4.0)]
+    assert [s["start"] for s in e.steps] == [10.0, 11.0, 12.0, 13.0, 14.0, 15.0, 16.0]
+
+
+class FakeTime:
+    """A clock that is not virtual: it moves only when ``replay`` sleeps (each sleep recorded)."""
+
+    def __init__(self):
+        self.now, self.sleeps = 0.0, []
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, s):
+        self.sleeps.append(s)
+        self.now += s
+
+
+def test_replay_on_a_real_clock_polls_at_most_every_millisecond(monkeypatch):
+    """On a clock replay cannot move, it sleeps until the next arrival, a millisecond at most at a time, so a
+    request is added within a millisecond of its arrival: here exactly at it (the last sleep is the rest)."""
+    from lib.engine import engine as engine_module
+    from lib.kv_pool import KVPool
+
+    t = FakeTime()
+    monkeypatch.setattr(engine_module.time, "sleep", t.sleep)
+    e = LLMEngine(EngineConfig(block_size=2, max_model_len=64), NoGPUTime(), KVPool(10, 2, storage=False), vocab=50,
+                  clock=t)  # its steps take no time on this clock
+    wl = [{"id": 0, "arrival": 0.0, "input": 2, "output": 1}, {"id": 1, "arrival": 0.0105, "input": 2, "output": 1}]
+    out = replay(e, wl, [[1, 2], [3, 4]])
+    assert t.sleeps and all(0 < s <= 0.001 for s in t.sleeps) and len(t.sleeps) == 11
+    assert [r["arrival"] for r in out] == [0.0, 0.0105]
+    assert out[1]["ttft"] == pytest.approx(0.0, abs=1e-12) and e.steps[1]["start"] == pytest.approx(0.0105, abs=1e-12)
+
+
+def test_the_virtual_runner_gives_tokens_of_the_vocabulary_no_graph_and_takes_a_free_step():
+    """The virtual engine's tokens are ids of its vocabulary (whole numbers), differ between requests, and its
+    steps record no CUDA graph; a cost model may give a step 0 s (the clock stays)."""
+    e = engine(max_num_seqs=4, num_blocks=20)
+    ids = [e.add_request([1, 2], sp(4)) for _ in range(3)]
+    run(e)
+    outs = [e.requests[i].output for i in ids]
+    assert all(isinstance(t, int) and 0 <= t < 50 for o in outs for t in o) and len({tuple(o) for o in outs}) == 3
+    assert all(s["graph"] is False for s in e.steps)
+    free = engine(dt=0.0, max_num_seqs=4, num_blocks=20)
+    free.add_request([1, 2], sp(2))
+    run(free)
+    assert [(s["start"], s["end"]) for s in free.steps] == [(0.0, 0.0), (0.0, 0.0)]
+
+
+def test_results_name_each_request_s_bucket_and_an_unfinished_request_has_no_latencies():
+    """Queues by prompt length: a 2-token prompt falls in "short" (at most 4 tokens), a 6-token one in "long"
+    (the last bucket takes the rest). A request not yet run has no TTFT, decode time or gaps."""
+    from lib.serving import Bucket
+
+    e = engine(max_num_seqs=4, num_blocks=20, buckets=(Bucket("short", 4), Bucket("long", 64)))
+    s, lo = e.add_request([1, 2], sp(1)), e.add_request([1, 2, 3, 4, 5, 6], sp(1))
+    run(e)
+    assert {r["id"]: r["bucket"] for r in e.results()} == {s: "short", lo: "long"}
+    from lib.engine.scheduler import Request
+
+    r = Request(0, [1, 2], sp(2), 0.0).result()
+    assert math.isnan(r["ttft"]) and math.isnan(r["decode"]) and r["itl"] == [] and r["output"] == 0
+
+
+def test_growing_a_lease_evicts_exactly_one_cached_block():
+    """A pool of 4 blocks of 2, prefix caching on. X = [1, 2, 3, 4, 5] (1 out) leaves 2 full blocks cached and
+    held by nobody, 2 free. Y = [9] * 7 (1 out) needs 4 blocks: it takes the 2 free ones, then each block it
+    grows by evicts exactly one cached block (none is left)."""
+    from lib.kv_pool import PoolExhausted
+
+    e = LLMEngine.virtual(EngineConfig(block_size=2, max_model_len=64), Unit(), vocab=50, num_blocks=4)
+    e.add_request([1, 2, 3, 4, 5], sp(1))
+    run(e)
+    cache = e.scheduler.cache
+    assert len(cache.evictable) == 2 and e.pool.free_count == 2
+    lease = cache.acquire([9] * 2)  # one block, from the free ones
+    cache.grow(lease)  # the last free block
+    assert (e.pool.free_count, len(cache.evictable), len(lease.blocks)) == (0, 2, 2)
+    cache.grow(lease)
+    assert (len(cache.evictable), len(lease.blocks)) == (1, 3)
+    cache.grow(lease)
+    assert (len(cache.evictable), len(lease.blocks)) == (0, 4)
+    with pytest.raises(PoolExhausted, match="no block is free or evictable"):
+        cache.grow(lease)
+    assert len(lease.blocks) == 4

@@ -68,12 +68,41 @@ def decomposition(results: list[dict], kind: str | None = None, q: float = 50) -
             "other": sim_metrics.percentile(other, q), "ttft": sim_metrics.percentile([r["ttft"] for r in rs], q)}
 
 
+# The page: (attribute, type, name after the prefix, help, histogram buckets or label name). The names are
+# vLLM's where it has one. "scraped" metrics are read from the engine when the page is made (what describes
+# the engine now); the others are set after each step (what a step did).
+PAGE = (
+    ("ttft", "histogram", "time_to_first_token_seconds", "Arrival to first token", TTFT_BUCKETS),
+    ("tpot", "histogram", "time_per_output_token_seconds", "Mean gap between tokens after the first, per request",
+     TPOT_BUCKETS),
+    ("itl", "histogram", "inter_token_latency_seconds", "Every gap between two tokens of a request", TPOT_BUCKETS),
+    ("e2e", "histogram", "e2e_request_latency_seconds", "Arrival to last token", E2E_BUCKETS),
+    ("queue_time", "histogram", "request_queue_time_seconds", "Arrival to first admission", TTFT_BUCKETS),
+    ("running", "scraped gauge", "num_requests_running", "Requests in the running batch", None),
+    ("waiting", "scraped gauge", "num_requests_waiting",
+     "Requests waiting for admission (queued, or added since the last step)", None),
+    ("kv_usage", "scraped gauge", "kv_cache_usage_perc", "KV blocks held by requests, over the usable blocks", None),
+    ("batch", "gauge", "step_batch_size", "Requests in the last step (prefill and decode)", None),
+    ("prompt_tokens", "counter", "prompt_tokens", "Prompt tokens prefilled", None),
+    ("generation_tokens", "counter", "generation_tokens", "Tokens generated", None),
+    ("success", "counter", "request_success", "Requests finished", "finish_reason"),
+    ("rejects", "scraped counter", "request_rejects", "Requests turned away", "reason"),
+    ("preemptions", "counter", "num_preemptions", "Requests pre-empted (KV dropped, recomputed)", None),
+    ("hits", "counter", "prefix_cache_hits", "Prompt tokens found in the prefix cache", None),
+    ("queries", "counter", "prefix_cache_queries", "Prompt tokens looked up in the prefix cache", None),
+    ("gpu_seconds", "counter", "step_gpu_seconds", "GPU time of the steps", None),
+    ("host_seconds", "counter", "step_host_seconds", "Host time of the steps", None),
+)
+
+
 class _Scraped:
     """A metric read from the engine each time the page is made, rather than set by the steps: ``read()``
     gives its value, or with ``label`` a {label value: value} dict. ``kind`` "gauge" or "counter" (a counter's
     reading must only grow, as ``LLMEngine.rejects`` does)."""
 
     def __init__(self, registry, kind: str, name: str, doc: str, read, label: str | None = None):
+        if kind not in ("gauge", "counter"):
+            raise ValueError(f"a scraped metric is a 'gauge' or a 'counter', got {kind!r}")
         self.kind, self.name, self.doc, self.read, self.label = kind, name, doc, read, label
         registry.register(self)
 
@@ -96,48 +125,40 @@ class _Scraped:
 
 
 class PrometheusExporter:
-    """The engine's metrics for Prometheus (see the module): the engine's state read at each scrape, each
-    step's work recorded after every step of ``engine``."""
+    """The engine's metrics for Prometheus (see the module and ``PAGE``): the engine's state read at each
+    scrape, each step's work recorded after every step of ``engine``."""
 
     def __init__(self, engine, *, registry=None, prefix: str = "engine"):
         import prometheus_client as pc
 
         self.engine = engine
         self.registry = registry if registry is not None else pc.CollectorRegistry()
-        r, n = self.registry, prefix
-
-        def h(name, doc, buckets):
-            return pc.Histogram(f"{n}_{name}", doc, registry=r, buckets=buckets)
-
-        self.ttft = h("time_to_first_token_seconds", "Arrival to first token", TTFT_BUCKETS)
-        self.tpot = h("time_per_output_token_seconds", "Mean gap between tokens after the first, per request",
-                      TPOT_BUCKETS)
-        self.itl = h("inter_token_latency_seconds", "Every gap between two tokens of a request", TPOT_BUCKETS)
-        self.e2e = h("e2e_request_latency_seconds", "Arrival to last token", E2E_BUCKETS)
-        self.queue_time = h("request_queue_time_seconds", "Arrival to first admission", TTFT_BUCKETS)
-        e = engine
-        self.running = _Scraped(r, "gauge", f"{n}_num_requests_running", "Requests in the running batch",
-                                lambda: len(e.scheduler.running))
-        self.waiting = _Scraped(r, "gauge", f"{n}_num_requests_waiting",
-                                "Requests waiting for admission (queued, or added since the last step)",
-                                lambda: max(0, e.unfinished - len(e.scheduler.running)))
-        self.kv_usage = _Scraped(r, "gauge", f"{n}_kv_cache_usage_perc",
-                                 "KV blocks held by requests, over the usable blocks",
-                                 lambda: e.kv_blocks_in_use / e.usable_blocks if e.usable_blocks else 0.0)
-        self.batch = pc.Gauge(f"{n}_step_batch_size", "Requests in the last step (prefill and decode)", registry=r)
-        self.prompt_tokens = pc.Counter(f"{n}_prompt_tokens", "Prompt tokens prefilled", registry=r)
-        self.generation_tokens = pc.Counter(f"{n}_generation_tokens", "Tokens generated", registry=r)
-        self.success = pc.Counter(f"{n}_request_success", "Requests finished", ["finish_reason"], registry=r)
-        self.rejects = _Scraped(r, "counter", f"{n}_request_rejects", "Requests turned away",
-                                lambda: dict(e.rejects), "reason")
-        self.preemptions = pc.Counter(f"{n}_num_preemptions", "Requests pre-empted (KV dropped, recomputed)",
-                                      registry=r)
-        self.hits = pc.Counter(f"{n}_prefix_cache_hits", "Prompt tokens found in the prefix cache", registry=r)
-        self.queries = pc.Counter(f"{n}_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
-                                  registry=r)
-        self.gpu_seconds = pc.Counter(f"{n}_step_gpu_seconds", "GPU time of the steps", registry=r)
-        self.host_seconds = pc.Counter(f"{n}_step_host_seconds", "Host time of the steps", registry=r)
+        for attr, kind, name, doc, extra in PAGE:
+            full = f"{prefix}_{name}"
+            if kind.startswith("scraped "):
+                metric = _Scraped(self.registry, kind.split()[1], full, doc, getattr(self, f"_{attr}"), extra)
+            elif kind == "histogram":
+                metric = pc.Histogram(full, doc, registry=self.registry, buckets=extra)
+            else:
+                make = pc.Counter if kind == "counter" else pc.Gauge
+                metric = make(full, doc, [extra] if extra else (), registry=self.registry)
+            setattr(self, attr, metric)
         engine.on_step(self.observe)
+
+    # what describes the engine now, read at each scrape
+    def _running(self) -> int:
+        return len(self.engine.scheduler.running)
+
+    def _waiting(self) -> int:
+        e = self.engine
+        return max(0, e.unfinished - len(e.scheduler.running))
+
+    def _kv_usage(self) -> float:
+        e = self.engine
+        return e.kv_blocks_in_use / e.usable_blocks if e.usable_blocks else 0.0
+
+    def _rejects(self) -> dict:
+        return dict(self.engine.rejects)
 
     def observe(self, record: dict, finished) -> None:
         """Update the metrics with one step's record and the requests it finished."""
