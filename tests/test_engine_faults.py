@@ -373,3 +373,53 @@ def test_submitting_before_or_after_the_front_end_runs_adds_nothing():
     with pytest.raises(RuntimeError, match="not running"):
         a.submit([1, 2], sp(2))
     assert e.unfinished == 0 and e.requests == {}
+
+
+# ---------------------------------------------------------------------------- an engine on another's runner; stuck
+
+def fake_runner(num_blocks=8, **settings):
+    """What ``LLMEngine.from_runner`` reads of a ``ModelRunner``: its settings, its pool's size, its padding
+    block (the pool's first) and its model's vocabulary."""
+    from types import SimpleNamespace
+
+    cfg = EngineConfig(**{"block_size": 4, "max_model_len": 64, "num_blocks": num_blocks, **settings})
+    return SimpleNamespace(config=cfg, pool=SimpleNamespace(num_blocks=num_blocks), pad_block=0,
+                           m=SimpleNamespace(cfg=SimpleNamespace(vocab=97)), run=InstantRunner().run)
+
+
+def test_an_engine_on_another_engines_runner_keeps_its_padding_block_and_its_settings():
+    """A fresh engine on a runner: its own pool of the runner's size with block 0 (the runner's padding) held
+    for good, the model's vocabulary, other scheduling settings allowed; the settings the runner was built
+    for (block size, context, graph batch sizes) must be the runner's, each difference named."""
+    runner = fake_runner()
+    e = LLMEngine.from_runner(runner, EngineConfig(block_size=4, max_model_len=64, max_num_seqs=2))
+    assert (e.pool.num_blocks, e.usable_blocks, e.vocab, e.runner) == (8, 7, 97, runner)
+    assert e.config.max_num_seqs == 2 and 0 not in e.pool.allocate(7)
+    with pytest.raises(ValueError, match=r"other settings \(new, runner's\): \{'block_size': \(8, 4\)\}"):
+        LLMEngine.from_runner(runner, EngineConfig(block_size=8, max_model_len=64))
+    with pytest.raises(ValueError, match=r"'max_model_len': \(128, 64\)"):
+        LLMEngine.from_runner(runner, EngineConfig(block_size=4, max_model_len=128))
+    with pytest.raises(ValueError, match="graph_batch_sizes"):
+        LLMEngine.from_runner(runner, EngineConfig(block_size=4, max_model_len=64, graph_batch_sizes=(1, 2)))
+    runner.pad_block = 3
+    with pytest.raises(RuntimeError, match="padding block is not the pool's first block"):
+        LLMEngine.from_runner(runner, EngineConfig(block_size=4, max_model_len=64))
+
+
+def test_an_engine_that_can_never_start_says_why():
+    """A static batch of 4 with one request and nothing closed: ``run`` would wait for ever, so it stops with
+    what to do. Closed, a request that nothing can admit (its blocks lost) stops it with the pool's state."""
+    e = LLMEngine.virtual(EngineConfig(policy="static", max_num_seqs=4, block_size=4, num_blocks=10,
+                                       max_model_len=64), COST, vocab=50)
+    e.add_request([1, 2, 3], sp(2))
+    with pytest.raises(RuntimeError, match="1 requests wait for a batch that can only start when more arrive: add "
+                                           "more or call close"):
+        e.run()
+    e2 = LLMEngine.virtual(EngineConfig(max_num_seqs=4, block_size=4, num_blocks=10, max_model_len=64), COST, vocab=50)
+    lost = e2.pool.allocate(9)  # blocks taken behind the engine's back
+    e2.add_request([1] * 8, sp(2))  # 10 tokens: 3 blocks, and 1 is free
+    e2.close()
+    with pytest.raises(RuntimeError, match=r"1 requests wait and none can be admitted: 1 blocks free and 0 evictable "
+                                           r"of 10 usable, nothing running; a block was lost"):
+        e2.run()
+    assert len(lost) == 9

@@ -615,3 +615,77 @@ def test_growing_a_lease_evicts_exactly_one_cached_block():
     with pytest.raises(PoolExhausted, match="no block is free or evictable"):
         cache.grow(lease)
     assert len(lease.blocks) == 4
+
+
+class Waits:
+    """A runner whose step lasts 1 s of a virtual clock, of which the host waited 0.75 s for the device."""
+
+    def __init__(self, clock):
+        self.clock = clock
+
+    def run(self, plan):
+        from lib.engine.runner import StepResult
+
+        self.clock.advance_to(self.clock.now + 1.0)
+        return StepResult([5] * len(plan.sampled), 1.0, 0.75, False)
+
+
+def test_the_step_records_by_hand():
+    """A (2-token prompt, 3 out) alone; a request refused before step 2. Step 1 prefills A's 2 tokens: its 1st
+    token (A holds 3 tokens). Step 2 decodes from A's 3rd token: it writes that token's KV and attends over all
+    3, the KV read and the longest context (what the cost model is asked with). Step 3: 4 and 4. Each step lasts
+    1 s, of which the host waited 0.75 for the device: 0.25 s of host time."""
+    from lib.engine.engine import VirtualClock
+    from lib.kv_pool import KVPool
+
+    clock = VirtualClock()
+    e = LLMEngine(EngineConfig(block_size=2, max_model_len=64), Waits(clock), KVPool(10, 2, storage=False), vocab=50,
+                  clock=clock)
+    e.add_request([1, 2], sp(3))
+    e.step()
+    with pytest.raises(Exception, match="empty"):
+        e.add_request([], sp(1))
+    run(e)
+    got = [(s["prefill_tokens"], s["decode_tokens"], s["decode_kv"], s["decode_ctx_max"], s["rejects"], s["batch"])
+           for s in e.steps]
+    assert got == [(2, 0, 0, 0, 0, 1), (0, 1, 3, 3, 1, 1), (0, 1, 4, 4, 1, 1)]
+    assert [(s["gpu_s"], s["host_s"]) for s in e.steps] == [(1.0, 0.25)] * 3
+
+
+def test_an_abort_tells_the_callbacks_that_the_request_ended_without_a_token():
+    e = engine(max_num_seqs=1, num_blocks=20)
+    tokens, events = [], []
+    e.on_token(lambda *t: tokens.append(t))
+    e.on_events(events.append)
+    a, b = e.add_request([1, 2], sp(3)), e.add_request([3, 4], sp(3))
+    e.step()
+    e.abort(b)  # waiting: it leaves its queue
+    e.abort(a)  # running: it leaves the batch
+    e.abort(a)  # already gone: nothing more
+    assert tokens[-2:] == [(b, -1, True), (a, -1, True)] and events[-2:] == [[(b, -1, True)], [(a, -1, True)]]
+    assert e.aborted == 2 and e.unfinished == 0 and e.requests[a].finish_reason == "abort"
+
+
+def test_the_step_record_holds_what_the_cost_model_was_asked():
+    """Every step of the virtual engine asks the cost model with its tokens, prefill work, KV read, prefills and
+    longest context: the step's record holds the same numbers (what a fit to measured records relies on)."""
+    class Asked:
+        def __init__(self):
+            self.calls = []
+
+        def step(self, tokens, work, kv):
+            raise AssertionError("step_detail is asked when a cost model has it")
+
+        def step_detail(self, tokens, work, kv, *, prefills, decode_ctx_max):
+            self.calls.append((tokens, work, kv, prefills, decode_ctx_max))
+            return 1.0
+
+    cost = Asked()
+    e = LLMEngine.virtual(EngineConfig(max_num_seqs=4, block_size=2, max_model_len=64, max_num_batched_tokens=4),
+                          cost, vocab=50, num_blocks=30)
+    e.add_request([1, 2, 3, 4, 5, 6], sp(3))
+    e.add_request([7, 8], sp(4))
+    run(e)
+    assert cost.calls == [(s["prefill_tokens"] + s["decode_tokens"], s["prefill_work"], s["decode_kv"],
+                           len(s["prefill"]), s["decode_ctx_max"]) for s in e.steps]
+    assert any(s["decode_tokens"] for s in e.steps) and any(s["prefill_tokens"] for s in e.steps)

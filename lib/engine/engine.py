@@ -280,7 +280,7 @@ class LLMEngine:
             "finished": [x.id for x in finished], "preempted": [x.id for x in plan.preempted],
             "batch": len(plan.prefills) + len(plan.decodes), "prefill_tokens": plan.prefill_tokens,
             "decode_tokens": len(plan.decodes), "decode_kv": sum(x.length - 1 for x in plan.decodes),
-            "decode_ctx_max": max((x.length for x in plan.decodes), default=0),
+            "decode_ctx_max": max((x.length - 1 for x in plan.decodes), default=0),  # the step appended a token
             "prefill_work": sum((e - st) * (st + (e - st) / 2) for _, st, e in plan.prefills),
             "kv_blocks": self.kv_blocks_in_use,
             "cached_blocks": len(s.cache.block_of), "prefix_hit_tokens": hits, "prefix_query_tokens": queries, "queued": s.queued,
