@@ -21,6 +21,16 @@ def test_a_failing_rank_is_reported_not_waited_for():
         dist.run(tp.check_rank, 3, llama.TINY, 1, 0, timeout_s=120)
 
 
+def test_a_rank_that_failed_on_its_own_is_reported_before_one_that_lost_its_peer():
+    """Rank 1's error arrives first, but it only says that a peer closed the connection under it: rank 0's own
+    error is the cause, and comes first (each group keeps the order it came in)."""
+    lost = "Traceback ...\nRuntimeError: Gloo connectFullMesh failed with ... Connection closed by peer [127.0.0.1]:4\n"
+    own = "Traceback ...\nValueError: 4 heads must divide over 3 ranks\n"
+    other = "Traceback ...\nZeroDivisionError: division by zero\n"
+    assert dist.first_cause([(1, lost), (0, own), (2, other)]) == [(0, own), (2, other), (1, lost)]
+    assert dist.first_cause([(2, lost)]) == [(2, lost)]
+
+
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="at least one rank"):
         dist.run(px.collective_rank, 0)

@@ -6,8 +6,9 @@ forked child), rendezvous through a file in a temporary folder, and use gloo on 
 no GPU, so the book's kernels run in Triton's interpreter there, on any machine) or NCCL when
 ``backend="nccl"`` (rank r takes GPU r). ``fn`` must be importable by name (a module-level function) and
 its arguments and result picklable; tensors in the result come back on the CPU. A rank that raises stops
-the run: ``run`` raises ``RankFailed`` with that rank's traceback, and ranks still running are ended, so
-a failure never hangs the caller until ``timeout_s``. On a GPU machine keep NVLink multicast off in every
+the run: ``run`` raises ``RankFailed`` with that rank's traceback (a rank that failed on its own before one
+that only lost its connection to it: ``first_cause``), and ranks still running are ended, so a failure
+never hangs the caller until ``timeout_s``. On a GPU machine keep NVLink multicast off in every
 rank (``NCCL_ENV``, set here before NCCL starts).
 
 Chapter: 10.
@@ -31,6 +32,18 @@ BACKENDS = ("gloo", "nccl")
 
 class RankFailed(RuntimeError):
     """A rank of ``run`` raised; the message holds its traceback."""
+
+
+# what a rank says when a peer ended under it: a consequence of another rank's failure, not a cause
+PEER_LOST = ("closed by peer", "reset by peer", "remote worker", "Broken pipe", "connectFullMesh failed")
+GRACE_S = 2.0  # after a first failure, how long the other ranks' failures are awaited
+
+
+def first_cause(failures: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """``failures`` (rank, traceback) with the ranks that failed on their own first and those that lost a peer
+    after them (each group in the order they came): when one rank raises, a rank still talking to it fails
+    too, and its error says only that the connection closed."""
+    return sorted(failures, key=lambda f: any(m in f[1] for m in PEER_LOST))
 
 
 def _cpu(value):
@@ -116,6 +129,15 @@ def run(fn, world: int, *args, backend: str = "gloo", timeout_s: float = 300.0) 
                     out[rank] = torch.load(io.BytesIO(value), weights_only=False)
                 else:
                     failed = (rank, value)
+            failures = [failed] if failed is not None else []
+            grace = time.monotonic() + GRACE_S
+            while failures and len(failures) + len(out) < world and time.monotonic() < grace:
+                try:  # the others' failures, for a moment: the first to arrive may be a consequence
+                    rank, ok, value = results.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                if not ok:
+                    failures.append((rank, value))
         finally:
             for p in procs:
                 p.join(timeout=5 if failed is None else 0.5)
@@ -123,5 +145,7 @@ def run(fn, world: int, *args, backend: str = "gloo", timeout_s: float = 300.0) 
                     p.terminate()
                     p.join()
     if failed is not None:
-        raise RankFailed(f"rank {failed[0]} of {world} raised:\n{failed[1]}")
+        (rank, tb), *others = first_cause(failures)
+        also = "".join(f"\nrank {r} failed too: {t.strip().splitlines()[-1]}" for r, t in others)
+        raise RankFailed(f"rank {rank} of {world} raised:\n{tb}{also}")
     return [out[r] for r in range(world)]
