@@ -68,17 +68,18 @@ def test_status_tables_from_hand_made_rows():
          "targets": [{"target": "small", "value": 4.0, "goal": "<= 5", "met": True}]},
         {"chapter": "02-c", "results": False, "claims_held": None, "claims_total": None, "targets": []},
     ]
-    summary, (head, body), (thead, tbody) = book_ext.status_tables(rows)
+    summary, (head, body), (thead, tbody), stale = book_ext.status_tables(rows)
     assert summary == ("1 of 3 chapters have fresh reference results; 5 of 5 claims hold. The chapters set 3 "
                        "targets for the book's own code: 2 met, 1 missed (in 00-a).")
     assert head[-2:] == ["claims hold", "targets met"]
     assert body == [
-        ["00-a", "GPU X, 2026-12-01", "abc1234", "torch 2.9, Triton 3.5, CUDA 12.8, driver 570", "yes", "3 of 3",
-         "1 of 2 (1 missed)"],
-        ["01-b", "GPU X, 2026-11-30", "def5678+", "torch 2.9, Triton 3.5, CUDA 12.8, driver 570", "no: code changed",
+        ["00-a", "GPU X, 2026-12-01, commit abc1234", "torch 2.9, Triton 3.5, CUDA 12.8, driver 570", "yes",
+         "3 of 3", "1 of 2 (1 missed)"],
+        ["01-b", "GPU X, 2026-11-30, commit def5678+", "torch 2.9, Triton 3.5, CUDA 12.8, driver 570", "no (below)",
          "2 of 2", "1 of 1"],
-        ["02-c", "no results", "-", "-", "-", "-", "-"],
+        ["02-c", "no results", "-", "-", "-", "-"],
     ]
+    assert stale == ["01-b: code changed"]
     assert thead == ["chapter", "target", "value", "goal", "met", "measured"]
     assert tbody == [["00-a", "fast", "1.23", ">= 1", "met", "2026-12-01"],
                      ["00-a", "faster", "0.8", ">= 0.9", "MISSED", "2026-12-01"],
@@ -87,5 +88,6 @@ def test_status_tables_from_hand_made_rows():
 
 def test_status_tables_without_targets_has_no_targets_table():
     rows = [{"chapter": "00-a", "results": False, "claims_held": 1.0, "claims_total": 1.0, "targets": []}]
-    summary, _, targets = book_ext.status_tables(rows)
+    summary, _, targets, stale = book_ext.status_tables(rows)
+    assert stale == []
     assert targets is None and summary.endswith("The chapters set 0 targets for the book's own code: 0 met, 0 missed.")

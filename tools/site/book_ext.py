@@ -163,9 +163,10 @@ def _table(header: list[str], rows: list[list[str]]):
     return table
 
 
-def status_tables(rows: list[dict]) -> tuple[str, tuple[list, list], tuple[list, list] | None]:
-    """The status page from ``status.status_rows``: its summary line, the chapters' table (header, rows)
-    and the targets' table (header, rows; None when no chapter set a target), every cell a string.
+def status_tables(rows: list[dict]) -> tuple[str, tuple[list, list], tuple[list, list] | None, list[str]]:
+    """The status page from ``status.status_rows``: its summary line, the chapters' table (header, rows),
+    the targets' table (header, rows; None when no chapter set a target), every cell a string, and why each
+    stale chapter is stale (one line a chapter, listed under the table so that its cells stay short).
 
     A chapter's row counts its claims held and its targets met; the targets' table lists each target in
     chapter order with its value, its goal, met or missed, and the date of the measurement it comes from."""
@@ -178,19 +179,21 @@ def status_tables(rows: list[dict]) -> tuple[str, tuple[list, list], tuple[list,
         met = sum(1 for g in goals if g["met"])
         return f"{met} of {len(goals)}" + (f" ({len(goals) - met} missed)" if met < len(goals) else "")
 
-    chapters = (["chapter", "measured on", "commit", "libraries", "fresh", "claims hold", "targets met"],
-                [[r["chapter"], f"{r['device']}, {r['date']}" if r["results"] else "no results", r.get("commit", "-"),
+    chapters = (["chapter", "measured on", "libraries", "fresh", "claims hold", "targets met"],
+                [[r["chapter"], f"{r['device']}, {r['date']}, commit {r.get('commit', '-')}" if r["results"]
+                  else "no results",
                   f"torch {r['torch']}, Triton {r['triton']}, CUDA {r['cuda']}, driver {r['driver']}"
                   if r["results"] else "-",
-                  ("yes" if r["fresh"] else "no: " + "; ".join(r["stale"])) if r["results"] else "-",
+                  ("yes" if r["fresh"] else "no (below)") if r["results"] else "-",
                   "-" if r["claims_total"] is None else f"{r['claims_held']:.0f} of {r['claims_total']:.0f}",
                   count(r)]
                  for r in rows])
+    stale = [f"{r['chapter']}: " + "; ".join(r["stale"]) for r in rows if r["results"] and not r["fresh"]]
     goals = status.target_rows(rows)
     targets = (["chapter", "target", "value", "goal", "met", "measured"],
                [[g["chapter"], g["target"], fmt(g["value"]), g["goal"], "met" if g["met"] else "MISSED",
                  g["date"] or "-"] for g in goals]) if goals else None
-    return status.summary(rows), chapters, targets
+    return status.summary(rows), chapters, targets, stale
 
 
 def _directives():
@@ -206,8 +209,17 @@ def _directives():
             rows = status.status_rows()
             for r in rows:
                 self.env.note_dependency(str(ROOT / "notebooks" / f"{r['chapter']}.ipynb"))
-            summary, chapters, targets = status_tables(rows)
+            summary, chapters, targets, stale = status_tables(rows)
             out = [nodes.paragraph(text=summary), _table(*chapters)]
+            if stale:
+                out.append(nodes.paragraph(text="Why a chapter's results are not fresh (re-measure it to make "
+                                                "them so):"))
+                items = nodes.bullet_list()
+                for line in stale:
+                    item = nodes.list_item()
+                    item += nodes.paragraph(text=line)
+                    items += item
+                out.append(items)
             if targets:
                 out.append(nodes.paragraph(text="The targets, each with its value on the reference measurement of "
                                                 "its chapter and the date that measurement was taken (a missed "
