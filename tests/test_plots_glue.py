@@ -57,6 +57,23 @@ def test_glue_tables_of_numbers_and_texts(monkeypatch):
         glue.numbers({"flag": True})
 
 
+def test_a_page_publishes_its_numbers_texts_and_tables_by_name(monkeypatch):
+    import pandas as pd
+
+    pasted = []
+    monkeypatch.setattr(glue, "_paste", lambda name, value: pasted.append((name, value)))
+    page = glue.Page({"x_ms": 2}, {"device_name": "H200"}).merged(glue.Page(tables={"t": pd.DataFrame({"a": [1]})}))
+    glue.publish(page)
+    assert [n for n, _ in pasted] == ["x_ms", "device_name", "t"]
+    assert pasted[0][1] == 2.0 and isinstance(pasted[2][1], glue.Table)
+    with pytest.raises(ValueError, match="once"):
+        glue.Page({"x": 1}, {"x": "one"})
+    with pytest.raises(ValueError, match="both pages"):
+        page.merged(glue.Page({"x_ms": 3}))
+    with pytest.raises(TypeError, match="Page"):
+        glue.publish({"x_ms": 2})
+
+
 def test_a_legible_figure_is_glued_as_the_png_the_page_shows(monkeypatch):
     import io
 
