@@ -14,7 +14,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from lib import model, serving, workloads
+from lib import models, serving, workloads
 from lib.engine import EngineConfig, EngineOverloaded, LLMEngine, RequestError, SamplingParams, replay
 from lib.engine.metrics import PrometheusExporter, decomposition, summary
 from lib.engine.runner import StepResult
@@ -23,12 +23,12 @@ from lib.kv_pool import KVPool
 
 COST = serving.MeasuredCostModel.fitted([1, 64, 1024, 8192], [0.004, 0.0042, 0.012, 0.09], 1e-12, 0.0005, 2e-9)
 MIX = (("chat", workloads.CHAT, 0.85), ("doc", workloads.LONG_DOC, 0.15))
-TINY = model.CONFIGS["tiny"]
+TINY = models.CONFIGS["tiny"]
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    return model.TinyLlama(TINY, seed=0)
+    return models.Llama.random(TINY, seed=0)
 
 
 def prompts_for(wl, vocab=32000, seed=0):

@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from lib import model, serving, workloads
+from lib import models, serving, workloads
 from lib.experiments import batching as bt
 
 
@@ -34,7 +34,7 @@ def smoke():
 
 def test_smoke_data_structure(smoke):
     p, d = smoke
-    assert set(d) == {"points", "params_count"} and d["params_count"] == model.CONFIGS["tiny"].params()
+    assert set(d) == {"points", "params_count"} and d["params_count"] == models.CONFIGS["tiny"].params()
     expected = ([("stack", M, 0) for M in p["stack"]]
                 + [("context", new, c) for c in p["context"]["ctx"] for new in p["context"]["new"]]
                 + [("decode", B, L) for B in (1, 4) for L in (8, 32)])  # B L <= 1024 everywhere

@@ -3,7 +3,7 @@ step, the fusion groups, the floor and the bytes, worked by hand."""
 
 import pytest
 
-from lib import llama
+from lib import models
 from lib.experiments import decode_step as ex
 
 STEP = [{"name": "void at::native::indexSelectSmallIndex", "us": 1.0},  # the embedding's gather
@@ -37,7 +37,7 @@ def test_fusion_groups_by_hand():
 
 
 def test_bytes_and_flops_of_llama3_8b():
-    c = llama.LLAMA3_8B
+    c = models.LLAMA3_8B
     q = ex.step_bytes(c, 1, 1024)
     # per layer: QKV 4096 x 6144, O 4096 x 4096, MLP 3 x 4096 x 14336; head 4096 x 128256; bf16
     assert q["layer weights"] == 2 * 32 * (4096 * 6144 + 4096 * 4096 + 3 * 4096 * 14336)
@@ -50,7 +50,7 @@ def test_bytes_and_flops_of_llama3_8b():
 def _tiny_case():
     import torch
 
-    m = llama.random_model(llama.TINY, dtype=torch.float32, device="cpu")
+    m = models.Llama.random(models.CONFIGS["tiny"], dtype=torch.float32, device="cpu")
     gen = torch.Generator().manual_seed(1)
     pool, table = ex._pool(m, 2, 12 + 6, 4, gen)
     lens = torch.full((2,), 12, dtype=torch.int32)
@@ -63,14 +63,14 @@ def test_successor_greedy_agrees_and_restores_the_weights():
 
     m, pool, table, lens, tokens, gen = _tiny_case()
     before = {k: [L[k].clone() for L in m.layers] for k in ("wo", "wd")}
-    head = m.head
-    fused = llama.FusedStep(m)
+    head = m.weights.head.clone()
+    fused = m.with_parts(models.FUSED)
     unfused = lambda *a: m.decode(*a, check=False)  # noqa: E731
     samplers = {"unfused": lambda *a: unfused(*a).argmax(-1), "fused": fused.greedy}
     rows = ex._successor_greedy(m, unfused, samplers, pool, tokens, table, lens, 6, gen)
     assert len(rows) == 6 and all(r["tokens unfused"] == r["tokens fused"] for r in rows)
     assert min(r["lead"] for r in rows) > 0.1 and sum(r["successor"] for r in rows) / 6 > 0.5
-    assert m.head is head  # the head and the scaled projections are back as they were, exactly
+    assert torch.equal(m.weights.head, head)  # the head and the scaled projections are back as they were, exactly
     assert all(torch.equal(L[k], b) for k in before for L, b in zip(m.layers, before[k]))
 
 
@@ -80,7 +80,7 @@ def test_fused_top_p_draws_inside_the_kept_set_and_repeats_with_the_seed():
     from lib.kernels import sampling
 
     m, pool, table, lens, tokens, _ = _tiny_case()
-    step = llama.FusedStep(m)
+    step = m.with_parts(models.FUSED)
     p, T, seed = torch.tensor([0.9, 0.5]), torch.tensor([0.8, 1.0]), torch.tensor([3])
     kept = sampling.top_p_mask(step(tokens, pool, table, lens), p, T)
     a = step.sample(tokens, pool, table, lens, p, T, seed)

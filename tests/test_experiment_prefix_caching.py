@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lib import costs, model
+from lib import costs, models
 from lib.experiments import prefix_caching as pc
 
 
@@ -35,7 +35,7 @@ def smoke():
 def test_smoke_data_structure(smoke):
     p, d = smoke
     assert set(d) == {"params_count", "exactness", "savings", "attack"}
-    assert d["params_count"] == model.CONFIGS["tiny"].params()
+    assert d["params_count"] == models.CONFIGS["tiny"].params()
     ex = d["exactness"]
     assert ex["n"] == 64 and ex["cached"] == 56  # 90% of 64 is 57.6, rounded down to blocks of 4
     # in float32 the reused prefix gives the whole prompt's logits, and the float32 model is the same model
@@ -68,12 +68,12 @@ def test_attack_rows_hit_exactly_the_victims_prefix(smoke):
                 # a right guess on a shared cache finds the whole prefix (whole blocks; the suffixes differ);
                 # a wrong guess, or any guess under a per-tenant salt, finds nothing
                 assert r["hit_tokens"] == (plen if r["positive"] and iso == "shared" else 0)
-                assert 0 <= r["first_token"] < model.CONFIGS["tiny"].vocab and r["ttft_us"] > 0
+                assert 0 <= r["first_token"] < models.CONFIGS["tiny"].vocab and r["ttft_us"] > 0
 
 
 def savings_with(prefill=cached_prefill, decode=decode_step):
     p = {**pc.sweep("smoke"), "lengths": [32]}
-    m = model.TinyLlama(model.CONFIGS["tiny"], seed=0)
+    m = models.Llama.random(models.CONFIGS["tiny"], seed=0)
     return pc.measure_savings(m, p, "cpu", torch.Generator().manual_seed(0), prefill, decode)
 
 
@@ -132,7 +132,7 @@ def test_replay_workload_hand_worked():
 
 
 def test_prefill_cost_by_hand():
-    cfg = model.Config(vocab=10, hidden=4, layers=2, heads=2, kv_heads=1, head_dim=2, mlp=8)
+    cfg = models.ModelConfig(vocab=10, hidden=4, layers=2, heads=2, kv_heads=1, head_dim=2, mlp=8)
     # linears per layer: qkv 4x8=32, o 4x4=16, gate_up 4x16=64, down 8x4=32 -> 144; two layers: 288 weights
     # n=4, cached=2: m=2 tokens at positions 2, 3 attend 3 + 4 = 7 positions
     c = pc.prefill_cost(cfg, 4, 2, b=2)
@@ -146,7 +146,7 @@ def test_prefill_cost_by_hand():
 
 
 def test_predict_prefill_takes_the_largest_term():
-    cfg = model.CONFIGS["tiny"]
+    cfg = models.CONFIGS["tiny"]
     c = pc.prefill_cost(cfg, 64, 32)
     roof = costs.Roofline(c["flops"] / 1e-3, c["bytes"] / 2e-3, 1e-9)  # compute 1 ms, memory 2 ms
     p = pc.predict_prefill(cfg, 64, 32, roof)
@@ -181,6 +181,6 @@ def test_decode_breakdown_worked_by_hand():
 
 
 def test_weight_bytes_of_the_1b_model():
-    c = model.CONFIGS["1b"]
+    c = models.CONFIGS["1b"]
     per_layer = 2048 * (32 + 16) * 64 + 32 * 64 * 2048 + 2048 * 2 * 8192 + 8192 * 2048
     assert pc.weight_bytes(c) == 2 * (16 * per_layer + 32000 * 2048)

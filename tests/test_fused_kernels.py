@@ -1,13 +1,15 @@
 """Chapter 7's fused kernels (lib.kernels.fused) in Triton's interpreter, fp32 and fp16, against the PyTorch
-operators they replace; and the fused and compiled decode steps (lib.llama) against TinyLlama.decode."""
+operators they replace; and the model under the fused and compiled parts (lib.models) against its eager
+parts."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from lib import llama, model
+from lib import models
 from lib.kernels import fused
 from lib.kv_pool import KVPool
+from lib.models import layers
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 
@@ -51,8 +53,8 @@ def test_silu_mul_hand_worked():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_rope_write_matches_the_model(dtype):
-    cfg = llama.TINY
-    m = model.TinyLlama(cfg, seed=0, dtype=dtype)
+    cfg = models.CONFIGS["tiny"]
+    m = models.Llama.random(cfg, seed=0, dtype=dtype)
     B, page = 3, 4
     pool = KVPool(12, page, layers=1, kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, dtype=dtype)
     pool.k.normal_(), pool.v.normal_()
@@ -61,11 +63,11 @@ def test_rope_write_matches_the_model(dtype):
     pos = lens.long() - 1
     qkv = torch.randn(B, (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim, generator=torch.Generator().manual_seed(2)).to(dtype)
     k_before, v_before = pool.k[0].clone(), pool.v[0].clone()
-    q = fused.rope_write(qkv, pos, m._inv_freq.float(), pool.k[0], pool.v[0], table, cfg.heads)
+    q = fused.rope_write(qkv, pos, m.inv_freq.float(), pool.k[0], pool.v[0], table, cfg.heads)
     # the model's way: RoPE with its tables, then the rows of the pool
-    cos, sin = m._rope_tables(pos)
+    cos, sin = layers.rope_tables(pos, m.inv_freq, m.dtype)
     h = qkv.view(B, -1, cfg.head_dim)
-    qk = model.TinyLlama._rope(h[:, : cfg.heads + cfg.kv_heads].float(), cos.float(), sin.float())
+    qk = layers.rope(h[:, : cfg.heads + cfg.kv_heads].float(), cos.float(), sin.float())
     assert torch.allclose(q.float(), qk[:, : cfg.heads], atol=TOL[dtype] * 20, rtol=TOL[dtype] * 20)
     for b in range(B):
         blk, slot = int(table[b, pos[b] // page]), int(pos[b] % page)
@@ -96,24 +98,14 @@ def decode_case(m, B=2, page=4, lens=(7, 3)):
     return pool, table, torch.tensor(lens, dtype=torch.int32), torch.tensor([5, 90][:B])
 
 
-def test_random_model_has_the_layout_of_tinyllama():
-    ref = model.TinyLlama(llama.TINY, dtype=torch.float32)
-    m = llama.random_model(llama.TINY, dtype=torch.float32, device="cpu")
-    assert m.embed.shape == ref.embed.shape and m.head.shape == ref.head.shape
-    assert [{k: v.shape for k, v in L.items()} for L in m.layers] == [{k: v.shape for k, v in L.items()} for L in ref.layers]
-    assert torch.equal(m._inv_freq, ref._inv_freq)
-    assert 0.015 < float(m.layers[0]["wqkv"].std()) < 0.025  # the same scale, other values
-    assert not torch.equal(m.layers[0]["wqkv"], ref.layers[0]["wqkv"])
-
-
 @pytest.mark.parametrize("step", ["fused", "compiled"])
 def test_steps_match_the_model_decode(step):
-    m = llama.random_model(llama.TINY, dtype=torch.float32, device="cpu")
+    m = models.Llama.random(models.CONFIGS["tiny"], dtype=torch.float32, device="cpu")
     pool, table, lens, tokens = decode_case(m)
     pool2 = m.new_pool(16, 4)
     pool2.k.copy_(pool.k), pool2.v.copy_(pool.v)
     ref = m.decode(tokens, pool, table, lens, check=False)
-    fn = llama.FusedStep(m) if step == "fused" else llama.CompiledStep(m, backend="aot_eager")
+    fn = m.with_parts(models.FUSED) if step == "fused" else m.with_parts(models.compiled(backend="aot_eager"))
     got = fn(tokens, pool2, table, lens)
     assert torch.allclose(got, ref, atol=1e-4, rtol=1e-4)
     assert torch.allclose(pool2.k, pool.k, atol=1e-5) and torch.allclose(pool2.v, pool.v, atol=1e-5)  # the same K/V
@@ -126,7 +118,7 @@ def test_partial_sums_give_the_reduced_products_values(dtype):
     from lib.kernels import skinny_gemm
 
     g = torch.Generator().manual_seed(5)
-    cfg = llama.TINY
+    cfg = models.CONFIGS["tiny"]
     width = (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim
     x = torch.randn(3, 512, generator=g).to(dtype)
     for n, consumer in ((cfg.hidden, "rmsnorm"), (width, "rope")):
@@ -145,7 +137,7 @@ def test_partial_sums_give_the_reduced_products_values(dtype):
             pools = [KVPool(12, 4, layers=1, kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, dtype=dtype) for _ in range(2)]
             table = torch.tensor([[5, 2, 7], [0, 9, 1], [11, 3, 4]], dtype=torch.int32)
             pos = torch.tensor([5, 11, 0])
-            inv = llama.random_model(cfg, dtype=torch.float32, device="cpu")._inv_freq.float()
+            inv = models.Llama.random(cfg, dtype=torch.float32, device="cpu").inv_freq.float()
             qa = fused.rope_write(parts, pos, inv, pools[0].k[0], pools[0].v[0], table, cfg.heads)
             qb = fused.rope_write(reduced, pos, inv, pools[1].k[0], pools[1].v[0], table, cfg.heads)
             assert torch.equal(qa, qb) and torch.equal(pools[0].k, pools[1].k) and torch.equal(pools[0].v, pools[1].v)

@@ -3,7 +3,7 @@ its traceback, bad arguments refused."""
 
 import pytest
 
-from lib import llama
+from lib import models
 from lib.experiments import parallelism as px
 from lib.parallel import dist, tp
 
@@ -18,7 +18,7 @@ def test_every_rank_runs_and_results_come_back_by_rank():
 def test_a_failing_rank_is_reported_not_waited_for():
     # heads 4 do not split over 3 ranks: every rank raises, and run says which and why, long before the timeout
     with pytest.raises(dist.RankFailed, match="must divide|divisible"):
-        dist.run(tp.check_rank, 3, llama.TINY, 1, 0, timeout_s=120)
+        dist.run(tp.check_rank, 3, models.CONFIGS["tiny"], 1, 0, timeout_s=120)
 
 
 def test_a_rank_that_failed_on_its_own_is_reported_before_one_that_lost_its_peer():

@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lib import model
-from lib.model import Config, TinyLlama, check_logits
+from lib import models
+from lib.models import Llama, ModelConfig, check_logits
 from lib.parallel import dist, tp
 
-CFG = Config(vocab=97, hidden=64, layers=2, heads=8, kv_heads=4, head_dim=16, mlp=128)
+CFG = ModelConfig(vocab=97, hidden=64, layers=2, heads=8, kv_heads=4, head_dim=16, mlp=128)
 # one step of request 0 alone, then two of both, in pages of 2 tokens: contexts of 1 to 3 tokens, up to 2 pages
 STEPS, SEED, LEAD, PAGE = 2, 3, 1, 2
-TOL = model.LOGITS_TOLERANCE[("float32", "cpu")]
+TOL = models.LOGITS_TOLERANCE[("float32", "cpu")]
 
 
 class ResidualOnEveryRank(tp.TPShard):
@@ -57,11 +57,11 @@ def _same_logits(what, got, want):
 
 # ---------------------------------------------------------------------------- sharding by hand, in one process
 def test_shards_put_back_together_give_the_whole_weights():
-    m = TinyLlama(CFG, seed=1)
+    m = Llama.random(CFG, seed=1)
     d, world = CFG.head_dim, 4
     shards = [tp.shard(m, r, world) for r in range(world)]
     hq, hkv, f = CFG.heads // world, CFG.kv_heads // world, CFG.mlp // world
-    assert shards[0].cfg == Config(vocab=97, hidden=64, layers=2, heads=hq, kv_heads=hkv, head_dim=16, mlp=f)
+    assert shards[0].cfg == ModelConfig(vocab=97, hidden=64, layers=2, heads=hq, kv_heads=hkv, head_dim=16, mlp=f)
     assert all(s.full == CFG for s in shards)
     for li, L in enumerate(m.layers):
         parts = [s.layers[li] for s in shards]
@@ -79,19 +79,19 @@ def test_shards_put_back_together_give_the_whole_weights():
         for p in parts:  # the norms are replicated
             assert torch.equal(p["attn_norm"], L["attn_norm"]) and torch.equal(p["mlp_norm"], L["mlp_norm"])
     for s in shards:  # embedding, final norm and output head replicated
-        assert torch.equal(s.local.embed, m.embed) and torch.equal(s.local.head, m.head)
-        assert torch.equal(s.local.norm, m.norm)
+        assert torch.equal(s.local.weights.embed, m.weights.embed) and torch.equal(s.local.weights.head, m.weights.head)
+        assert torch.equal(s.local.weights.norm, m.weights.norm)
     pool = shards[0].new_pool(3, 4)
     assert pool.k.shape == (CFG.layers, 3, hkv, 4, d)
 
 
 def test_bad_tensor_parallel_sizes_are_refused():
-    m = TinyLlama(CFG, seed=1)
+    m = Llama.random(CFG, seed=1)
     with pytest.raises(ValueError, match=r"heads = 8 is not divisible by the tensor-parallel size 3.*one of \[1, 2, 4\]"):
         tp.shard(m, 0, 3)
     with pytest.raises(ValueError, match=r"kv_heads = 4 is not divisible by the tensor-parallel size 8"):
         tp.shard(m, 0, 8)
-    odd_mlp = TinyLlama(Config(vocab=97, hidden=64, layers=1, heads=8, kv_heads=4, head_dim=16, mlp=130))
+    odd_mlp = Llama.random(ModelConfig(vocab=97, hidden=64, layers=1, heads=8, kv_heads=4, head_dim=16, mlp=130))
     with pytest.raises(ValueError, match=r"mlp = 130 is not divisible by the tensor-parallel size 4.*one of \[1, 2\]"):
         tp.shard(odd_mlp, 0, 4)
     for world in (0, -2, 2.0, True):
@@ -100,12 +100,12 @@ def test_bad_tensor_parallel_sizes_are_refused():
     for rank in (2, -1, 0.0):
         with pytest.raises(ValueError, match=r"not a rank of a group of 2"):
             tp.shard(m, rank, 2)
-    with pytest.raises(TypeError, match="TinyLlama"):
+    with pytest.raises(TypeError, match="Llama"):
         tp.shard(object(), 0, 2)
 
 
 def test_decode_refuses_a_wrong_pool_and_a_missing_group():
-    m = TinyLlama(CFG, seed=1)
+    m = Llama.random(CFG, seed=1)
     s = tp.shard(m, 1, 2)
     lens, table = torch.tensor([1], dtype=torch.int32), torch.zeros(1, 1, dtype=torch.int32)
     with pytest.raises(ValueError, match="make the pool with this shard's new_pool"):
@@ -122,7 +122,7 @@ def test_decode_refuses_a_wrong_pool_and_a_missing_group():
 def test_one_rank_is_the_whole_model(reference):
     """With one rank the shard holds everything, the reductions are the identity, and decode gives the
     whole model's logits (no process group needed)."""
-    s = tp.shard(TinyLlama(CFG, seed=SEED), 0, 1)
+    s = tp.shard(Llama.random(CFG, seed=SEED), 0, 1)
     _same_logits("TP = 1", tp.decode_steps(s, STEPS, SEED, lead=LEAD, block_size=PAGE), reference)
     assert s.all_reduces == tp.REDUCTIONS_PER_LAYER * CFG.layers * (LEAD + STEPS)
 

@@ -235,13 +235,13 @@ def test_speedup_bound_and_crossover():
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_quantized_step_equals_the_fused_step_on_its_dequantized_weights(fmt):
-    """QuantStep's logits are FusedStep's on a model holding the weights QuantStep effectively uses (the same
+    """The quantized step's logits are the fused step's on a model holding the weights it effectively uses (the same
     K/V written too); and they differ from the unquantized model's, so the check is not vacuous."""
-    from lib import llama, llama_quant
+    from lib import models
 
-    m = llama.random_model(llama.TINY, dtype=torch.float32, device="cpu")
-    step = llama_quant.QuantStep(m, fmt, group=32)
-    ref_m = llama_quant.dequantized(m, fmt, group=32)
+    m = models.Llama.random(models.CONFIGS["tiny"], dtype=torch.float32, device="cpu")
+    step = m.with_parts(models.quantized(fmt, 32))
+    ref_m = models.dequantized(m, fmt, 32)
 
     def case():
         pool = m.new_pool(16, 4)
@@ -251,24 +251,24 @@ def test_quantized_step_equals_the_fused_step_on_its_dequantized_weights(fmt):
     lens, tokens = torch.tensor([7, 3], dtype=torch.int32), torch.tensor([5, 90])
     (p1, t1), (p2, t2), (p3, t3) = case(), case(), case()
     got = step(tokens, p1, t1, lens)
-    ref = llama.FusedStep(ref_m)(tokens, p2, t2, lens)
-    plain = llama.FusedStep(m)(tokens, p3, t3, lens)
+    ref = ref_m.with_parts(models.FUSED)(tokens, p2, t2, lens)
+    plain = m.with_parts(models.FUSED)(tokens, p3, t3, lens)
     assert torch.allclose(got, ref, atol=1e-4, rtol=1e-4)
     assert torch.allclose(p1.k, p2.k, atol=1e-5) and torch.allclose(p1.v, p2.v, atol=1e-5)
     assert not torch.allclose(got, plain, atol=1e-4, rtol=1e-4)
     assert torch.equal(step.greedy(tokens, case()[0], case()[1], lens), got.argmax(-1))
-    c = llama.TINY
+    c = models.CONFIGS["tiny"]
     weights = c.layers * (c.hidden * (c.heads + 2 * c.kv_heads) * c.head_dim + c.heads * c.head_dim * c.hidden
                           + c.hidden * 2 * c.mlp + c.mlp * c.hidden)
     per = 1.0 if fmt == "int8" else 0.5
-    assert step.bytes_per_step() > weights * per and step.bytes_per_step() < weights * (per + 0.2)
+    assert step.layer_weight_bytes() > weights * per and step.layer_weight_bytes() < weights * (per + 0.2)
 
 
 def test_quantized_step_refuses_an_unknown_format():
-    from lib import llama, llama_quant
+    from lib import models
 
     with pytest.raises(ValueError, match="fmt must be"):
-        llama_quant.QuantStep(llama.random_model(llama.TINY, dtype=torch.float32, device="cpu"), "int3")
+        models.quantized("int3")
 
 
 def test_one_row_goes_to_the_gemv_and_more_rows_to_the_tensor_core_kernel():

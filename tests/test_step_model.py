@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from lib import llama
+from lib import models
 from lib.experiments import decode_step, step_model
 
 
@@ -24,7 +24,7 @@ def test_alpha_is_the_intercept_of_the_cold_copies():
 
 
 def test_parts_by_hand():
-    c = llama.TINY
+    c = models.CONFIGS["tiny"]
     rows = [{"B": 1, "L": 8, "path": "fused", "part": p, "kernels": k, "measured (us)": m, "predicted (us)": 0.0}
             for p, k, m in (("layer weights", 2, 10.0), ("output head", 1, 5.0), ("attention (K/V)", 2, 4.0),
                             ("small operators", 3, 9.0), ("between kernels", float("nan"), 1.0))]

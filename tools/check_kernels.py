@@ -306,12 +306,12 @@ def _fused_calls(rec: Recorder) -> None:
     """Chapter 7's fused kernels at the shapes of its full run (``lib.experiments.decode_step.sweep``) on
     Llama-3-8B's configuration: residual add + RMSNorm, RoPE + the K/V write, SiLU x up, the skinny GEMM,
     greedy and top-p sampling."""
-    from lib import llama
+    from lib import models
     from lib.experiments import decode_step
     from lib.kernels import fused, sampling, skinny_gemm
 
     p = decode_step.sweep("full")
-    c, dtype = llama.CONFIGS[p["config"]], getattr(torch, p["dtype"])
+    c, dtype = models.CONFIGS[p["config"]], getattr(torch, p["dtype"])
     for B, L in p["shapes"]:
         pages = -(-L // p["block"])
         rec.label = f"chapter 7: B={B} L={L}"
@@ -351,10 +351,10 @@ def _quant_calls(rec: Recorder) -> None:
     """Chapter 9's GEMMs of quantized weights (``lib.kernels.quant_gemm``) at Llama-3-8B's four layer products,
     a few row counts, int8 and int4 in every group size, bf16 activations; and its decode attention over
     bf16 and fp8 caches at the batches and contexts of its full run."""
-    from lib import llama, quant
+    from lib import models, quant
     from lib.kernels import quant_gemm
 
-    c = llama.LLAMA3_8B
+    c = models.LLAMA3_8B
     for K, N in ((c.hidden, (c.heads + 2 * c.kv_heads) * c.head_dim), (c.heads * c.head_dim, c.hidden),
                  (c.hidden, 2 * c.mlp), (c.mlp, c.hidden)):
         for M in (1, 16, 64, 256):

@@ -1,14 +1,15 @@
 """The model runner: one engine step on the model, and the tokens it samples.
 
-A step's tokens (the prefill chunks' and one per decoding request) run through the model in one forward
-pass, ``forward``: every token goes through the same GEMMs together (M = all the step's tokens, so a
-step costs what chapter 6's cost model says: a function of its token count), and only attention is per
-request: each prefill chunk attends over its request's pages gathered whole (causal, after the tokens
-already in the pool), the decodes in one launch of chapter 3's paged decode-attention kernel. The new
-tokens' K and V are written into the pool first.
+A step's tokens (the prefill chunks' and one per decoding request) are laid out as one
+``lib.models.batch.StepBatch`` and run through the model in one forward pass (``Llama.forward``):
+every token goes through the same GEMMs together (M = all the step's tokens, so a step costs what the
+step-cost model says: a function of its token count), and only attention is per request: each prefill
+chunk attends over its request's pages gathered whole (causal, after the tokens already in the pool),
+the decodes in one launch of chapter 3's paged decode-attention kernel. The new tokens' K and V are
+written into the pool first.
 
-A step that only decodes (most steps, once prompts are in) runs chapter 7's fused step
-(``lib.llama.FusedStep``) captured in a CUDA graph, one graph per batch size of
+A step that only decodes (most steps, once prompts are in) runs the same model under chapter 7's fused
+parts (``lib.models.FUSED``) captured in a CUDA graph, one graph per batch size of
 ``EngineConfig.graph_batch_sizes`` and sampling mode: a batch of B requests replays the smallest graph
 of at least B, its extra rows decoding a padding token into a block no request owns. The greedy graph
 takes the next token from the fused output head (the logits are never written); the sampling graph
@@ -29,14 +30,13 @@ import time
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from lib import model as model_lib
 from lib.engine.config import EngineConfig
 from lib.engine.scheduler import Plan
 from lib.kernels import sampling
 from lib.kv_pool import KVPool
-from lib.llama import _plan
+from lib.models import FUSED, Llama, ModelConfig
+from lib.models.batch import Segment, StepBatch, page_rows
 
 
 @dataclass
@@ -50,12 +50,12 @@ class StepResult:
     graph: bool
 
 
-def kv_bytes_per_block(cfg: model_lib.Config, block_size: int, dtype: torch.dtype) -> int:
+def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """Bytes one block of the pool takes: K and V of ``block_size`` tokens in every layer."""
     return 2 * cfg.layers * cfg.kv_heads * block_size * cfg.head_dim * torch.empty((), dtype=dtype).element_size()
 
 
-def pool_blocks(m: model_lib.TinyLlama, config: EngineConfig) -> int:
+def pool_blocks(m: Llama, config: EngineConfig) -> int:
     """The pool's size: ``config.num_blocks``, or what the device's free memory holds times
     ``gpu_memory_utilization`` (a CPU run must give ``num_blocks``)."""
     if config.num_blocks is not None:
@@ -66,64 +66,10 @@ def pool_blocks(m: model_lib.TinyLlama, config: EngineConfig) -> int:
     return int(free * config.gpu_memory_utilization // kv_bytes_per_block(m.cfg, config.block_size, m.dtype))
 
 
-_GQA_IN_KERNEL = [True]  # whether the fused attention kernels take grouped K/V heads as they are
-
-
-def prefill_attention(q, k, v, n: int, ctx: int) -> torch.Tensor:
-    """Causal attention of a chunk's ``n`` queries q [H_q, n, d] over ``ctx`` positions k, v [H_kv, ctx, d], the
-    queries being the last ``n``. On a GPU only the flash and memory-efficient kernels are allowed: they
-    need no per-shape plan (cuDNN's attention builds one for every new sequence length, tens of
-    milliseconds, and a serving engine sees a new length at almost every prefill)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    mask = model_lib._causal_mask(n, ctx)
-    if not q.is_cuda:
-        return F.scaled_dot_product_attention(q[None], k[None], v[None], enable_gqa=True, **mask)[0]
-    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
-        if _GQA_IN_KERNEL[0]:
-            try:
-                return F.scaled_dot_product_attention(q[None], k[None], v[None], enable_gqa=True, **mask)[0]
-            except RuntimeError:
-                _GQA_IN_KERNEL[0] = False  # these kernels want as many K/V heads as query heads
-        g = q.shape[0] // k.shape[0]
-        k, v = k.repeat_interleave(g, 0), v.repeat_interleave(g, 0)
-        return F.scaled_dot_product_attention(q[None], k[None], v[None], **mask)[0]
-
-
-@torch.no_grad()
-def forward(m: model_lib.TinyLlama, pool: KVPool, ids, pos, blk, slots, segments, decode, out_rows,
-            plans: dict | None = None) -> torch.Tensor:
-    """Logits [len(out_rows), vocab] of one step's tokens (see the module). ``ids``, ``pos``, ``blk``,
-    ``slots``: each token's id, position, block and slot [T]; ``segments``: (first row, rows, page index,
-    context) of each prefill chunk, its rows first; ``decode``: (first row, block table, lengths) of the
-    decode rows, which come last, or None; ``out_rows``: the rows whose logits are wanted; ``plans``: the
-    decode-attention launches planned so far, by shape (planned once per batch size, reused)."""
-    c, bs = m.cfg, pool.block_size
-    rows = m._slot_rows(pool, blk, slots)
-    rope = m._rope_tables(pos)
-    x = F.embedding(ids, m.embed)
-    plan, plans = None, {} if plans is None else plans
-    for li, L in enumerate(m.layers):
-        q = m._attn_in(li, L, x, rope, pool, rows)
-        parts = []
-        for first, n, pages, ctx in segments:
-            K = pool.k[li].view(-1, bs * c.head_dim).index_select(0, pages).view(c.kv_heads, -1, c.head_dim)[:, :ctx]
-            V = pool.v[li].view(-1, bs * c.head_dim).index_select(0, pages).view(c.kv_heads, -1, c.head_dim)[:, :ctx]
-            parts.append(prefill_attention(q[first:first + n].transpose(0, 1), K, V, n, ctx).transpose(0, 1))
-        if decode is not None:
-            first, table, lens = decode
-            qd = q[first:].contiguous()
-            if plan is None:
-                plan = _plan(plans, qd, pool.k[li], pool.v[li], table, lens)
-            parts.append(plan(qd, pool.k[li], pool.v[li], table, lens))
-        x = m._attn_out_and_mlp(L, x, torch.cat(parts) if len(parts) > 1 else parts[0])
-    return m._norm(x[out_rows], m.norm) @ m.head
-
-
 class ModelRunner:
     """Runs the engine's steps on ``m`` with its KV in ``pool`` (see the module)."""
 
-    def __init__(self, m: model_lib.TinyLlama, pool: KVPool, config: EngineConfig, *, graphs: bool | None = None):
+    def __init__(self, m: Llama, pool: KVPool, config: EngineConfig, *, graphs: bool | None = None):
         self.m, self.pool, self.config = m, pool, config
         self.device = m.device
         self.cuda = self.device.type == "cuda"
@@ -133,7 +79,7 @@ class ModelRunner:
         self.seed = torch.zeros(1, dtype=torch.int64, device=self.device)
         self.graphs = {}  # (batch size, mode) -> _Graph
         self.graph_pool = None  # one memory pool shared by the runner's graphs (a pool outlives no runner)
-        self.plans = {}  # decode-attention launches of eager steps, by shape
+        self.fused = m.with_parts(FUSED)  # the same weights under chapter 7's fused parts: the graphs' step
         self.use_graphs = self.cuda if graphs is None else graphs
         if self.use_graphs and not self.cuda:
             raise ValueError("CUDA graphs need a GPU: pass graphs=False (or None) on a CPU")
@@ -165,7 +111,7 @@ class ModelRunner:
         return start, end
 
     def _forward(self, plan: Plan) -> torch.Tensor:
-        """The step's inputs laid out for ``forward`` (one copy to the device), and its logits."""
+        """The step's rows laid out as a ``StepBatch`` (one copy to the device), and their logits."""
         bs = self.pool.block_size
         ids, pos, blk, slots, segments, out_rows, row = [], [], [], [], [], [], 0
         pages_of = []
@@ -192,10 +138,8 @@ class ModelRunner:
         dev, H = self.device, self.m.cfg.kv_heads
         host = torch.tensor([ids, pos, blk, slots], dtype=torch.long)
         ids_t, pos_t, blk_t, slots_t = host.to(dev, non_blocking=True).unbind(0)
-        segs = []
-        for (first, n, ctx), pages in zip(segments, pages_of):
-            p = torch.tensor(pages, dtype=torch.long)
-            segs.append((first, n, (p[None, :] * H + torch.arange(H)[:, None]).reshape(-1).to(dev), ctx))
+        segs = [Segment(first, n, page_rows(torch.tensor(pages, dtype=torch.long), H).to(dev), ctx)
+                for (first, n, ctx), pages in zip(segments, pages_of)]
         decode = None
         if plan.decodes:
             table = torch.full((len(plan.decodes), self.width), self.pad_block, dtype=torch.int32)
@@ -204,7 +148,7 @@ class ModelRunner:
             lens = torch.tensor([x.length for x in plan.decodes], dtype=torch.int32)
             decode = (first_decode, table.to(dev), lens.to(dev))
         out = torch.tensor(out_rows, dtype=torch.long, device=dev)
-        return forward(self.m, self.pool, ids_t, pos_t, blk_t, slots_t, segs, decode, out, self.plans)
+        return self.m.forward(StepBatch(ids_t, pos_t, segs, decode, blk_t, slots_t, out), self.pool)
 
     def _sample(self, logits: torch.Tensor, params) -> torch.Tensor:
         """Greedy tokens for greedy requests, top-p draws for the others."""
@@ -248,8 +192,6 @@ class _Graph:
 
 
     def __init__(self, runner: ModelRunner, b: int, greedy: bool):
-        from lib import llama
-
         r, dev = runner, runner.device
         self.runner, self.b, self.greedy = r, b, greedy
         self.host = torch.zeros(5, b, dtype=torch.float64).pin_memory()
@@ -261,7 +203,7 @@ class _Graph:
         self.top_p = torch.ones(b, dtype=torch.float32, device=dev)
         self.temp = torch.ones(b, dtype=torch.float32, device=dev)
         self.take_drawn = torch.zeros(b, dtype=torch.bool, device=dev)
-        step = llama.FusedStep(r.m)
+        step = r.fused
 
         def body():
             if greedy:

@@ -13,7 +13,7 @@ The timed calls are the notebook's ``prefill`` and ``decode`` paths. Before a pa
 checked against the model's other path, which computes the same logits another way: the last logits of a
 prefill against a decode step of the last token over the same pool (the paged decode-attention kernel), and
 a decode step's logits for its first and last request against a one-token prefill at that request's last
-position (attention over the pages gathered whole), within ``lib.model.LOGITS_TOLERANCE`` of the largest logit.
+position (attention over the pages gathered whole), within ``lib.models.LOGITS_TOLERANCE`` of the largest logit.
 
 Fitting (``fit_cost_model``): a step that prefills M tokens whose attention work is
 W = sum(new tokens x their mean context) and decodes requests reading K tokens of KV costs
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from lib import model, serving, workloads
+from lib import models, serving, workloads
 from lib.bench import fit, timing
 from lib.experiments import require
 
@@ -67,7 +67,7 @@ def sweep(size: str) -> dict:
 def check_params(p: dict) -> None:
     """Reject parameters ``measure`` cannot run, saying which and why."""
     require(p, PARAM_KEYS)
-    model.config_for(p["config"], p["dtype"])
+    models.config_for(p["config"], p["dtype"])
     sizes = {"stack": p["stack"], "context new": p["context"]["new"], "context ctx": p["context"]["ctx"],
              "decode B": p["decode"]["B"], "decode ctx": p["decode"]["ctx"]}
     bad = {k: v for k, v in sizes.items() if not v or any(not (isinstance(x, int) and x >= 1) for x in v)}
@@ -93,8 +93,8 @@ def measure(params: dict, device: str, *, prefill, decode) -> dict:
     check_params(params)
     p, dev = params, device
     torch.manual_seed(p["seed"])
-    cfg = model.CONFIGS[p["config"]]
-    m = model.TinyLlama(cfg, seed=p["seed"], dtype=getattr(torch, p["dtype"]), device=dev)
+    cfg = models.CONFIGS[p["config"]]
+    m = models.Llama.random(cfg, seed=p["seed"], dtype=getattr(torch, p["dtype"]), device=dev)
     bs = p["block"]
     longest = max(max(p["stack"]), max(p["context"]["new"]) + max(p["context"]["ctx"]))
     blocks_needed = max(longest // bs + 1, p["decode"]["max_kv_tokens"] // bs + max(p["decode"]["B"]))
@@ -112,7 +112,7 @@ def measure(params: dict, device: str, *, prefill, decode) -> dict:
         got = prefill(m, pool, toks, all_blocks, c)  # writes the K and V of positions c .. n - 1
         table = all_blocks[: -(-n // bs)].to(torch.int32)[None, :]
         expected = m.decode(toks[-1:], pool, table, torch.tensor([n], dtype=torch.int32, device=dev))
-        model.check_logits(f"prefill of {n - c} tokens after {c}", got, expected, p["dtype"], dev)
+        models.check_logits(f"prefill of {n - c} tokens after {c}", got, expected, p["dtype"], dev)
 
     rows = []
     for M in p["stack"]:
@@ -138,7 +138,7 @@ def measure(params: dict, device: str, *, prefill, decode) -> dict:
             out = decode(m, pool, toks, table, lens)
             for b in sorted({0, B - 1}):  # the first and the last request: a one-token prefill at position L - 1
                 expected = m.prefill(toks[b].repeat(L), pool, table[b].long(), L - 1, last_only=True)
-                model.check_logits(f"decode step of {B} requests of {L} tokens, request {b}", out[b : b + 1], expected,
+                models.check_logits(f"decode step of {B} requests of {L} tokens, request {b}", out[b : b + 1], expected,
                              p["dtype"], dev)
             rows.append({"kind": "decode", "new": B, "ctx": L, "timing": bench(
                 lambda toks=toks, table=table, lens=lens: decode(m, pool, toks, table, lens))})

@@ -1,7 +1,7 @@
-"""Chapter 7's experiment: one decode step of Llama-3-8B (``lib.llama``), its paths measured side by side,
+"""Chapter 7's experiment: one decode step of Llama-3-8B (``lib.models``), its paths measured side by side,
 its kernels listed, its prefill timed.
 
-``measure(params, device, paths)`` builds the model with random weights (``lib.llama.random_model``) and,
+``measure(params, device, paths)`` builds the model with random weights (``lib.models.Llama.random``) and,
 for each (batch B, context L) of ``params["shapes"]``, a paged pool holding B requests of L tokens of
 random K and V (pages of ``block`` tokens in a shuffled order, as a pool that has served many requests
 holds them). ``paths(m, device)`` gives the notebook's ways of running one step (each called as
@@ -10,7 +10,7 @@ holds them). ``paths(m, device)`` gives the notebook's ways of running one step 
 1. every path's logits are compared with the first path's (the unfused step), and at the first shape
    also with the same step in float32 on a float32 copy of the model and pool: largest differences and
    argmax agreement. A path whose logits differ from the first path's by more than
-   ``lib.model.LOGITS_TOLERANCE`` raises (a wrong path is never timed);
+   ``lib.models.LOGITS_TOLERANCE`` raises (a wrong path is never timed);
 2. every path is timed with ``lib.bench.timing.bench`` (GPU time by CUDA-graph replay, call time eager)
    in ``rounds`` interleaved rounds, the order reversed every other round;
 3. every path is timed again with greedy sampling (its own fused sampling, ``greedy``, where it has one,
@@ -38,7 +38,7 @@ import pandas as pd
 import torch
 
 import lib.bench.kernel_kinds as kernel_kinds
-from lib import llama, model
+from lib import models
 from lib.bench import timing, trace
 from lib.experiments import require
 from lib.kernels import sampling
@@ -88,11 +88,7 @@ def _compare(a: torch.Tensor, b: torch.Tensor) -> dict:
 
 def _float32_reference(m, pool, tokens, table, lens) -> torch.Tensor:
     """The unfused step in float32 on a float32 copy of the model and the pool."""
-    m32 = model.TinyLlama.__new__(model.TinyLlama)
-    m32.cfg, m32.dtype, m32.device = m.cfg, torch.float32, m.device
-    m32.embed, m32.norm, m32.head = m.embed.float(), m.norm.float(), m.head.float()
-    m32.layers = [{k: v.float() for k, v in L.items()} for L in m.layers]
-    m32._inv_freq = m._inv_freq
+    m32 = m.with_parts(models.EAGER).to(torch.float32)
     p32 = m32.new_pool(pool.num_blocks, pool.block_size)
     p32.k.copy_(pool.k)
     p32.v.copy_(pool.v)
@@ -110,11 +106,11 @@ def _successor_greedy(m, logits_fn, samplers: dict, pool, tokens, table, lens, s
     path generates ``steps`` tokens from the same start (each rewrites the same K/V slots
     with its own); per step each path's tokens, the reference's lead (largest logit minus the second, over
     the largest, smallest over the batch) and the share of its tokens that are the previous one's successor."""
-    head, vocab = m.head, m.cfg.vocab
+    w, vocab = m.weights, m.cfg.vocab  # shared by every path of the same weights: changed in place, restored below
     perm = torch.randperm(vocab, generator=gen, device=gen.device)
-    m.head = torch.empty_like(head)
-    m.head[:, perm] = m.embed.T * 0.02
-    for L in m.layers:  # exact in binary floating point, undone below
+    head = w.head.clone()
+    w.head[:, perm] = w.embed.T * 0.02
+    for L in w.layers:  # exact in binary floating point, undone below
         L["wo"].mul_(RESIDUAL_SCALE)
         L["wd"].mul_(RESIDUAL_SCALE)
     try:
@@ -133,8 +129,8 @@ def _successor_greedy(m, logits_fn, samplers: dict, pool, tokens, table, lens, s
                 tok, ln = f(tok, pool, table, ln), ln + 1
                 rows[s][f"tokens {n}"] = tok.tolist()
     finally:
-        m.head = head
-        for L in m.layers:
+        w.head.copy_(head)
+        for L in w.layers:
             L["wo"].div_(RESIDUAL_SCALE)
             L["wd"].div_(RESIDUAL_SCALE)
     return rows
@@ -178,15 +174,15 @@ def measure(params: dict, device: str, paths: Callable) -> dict:
     if not callable(paths):
         raise TypeError("paths must be a function (model, device) -> {name: step}; see chapter 7's notebook")
     p = params
-    cfg = llama.CONFIGS[p["config"]]
+    cfg = models.CONFIGS[p["config"]]
     dt = getattr(torch, p["dtype"])
     gen = torch.Generator(device=device).manual_seed(p["seed"])
-    m = llama.random_model(cfg, seed=p["seed"], dtype=dt, device=device)
+    m = models.Llama.random(cfg, seed=p["seed"], dtype=dt, device=device)
     fns = paths(m, device)
     if len(fns) < 2 or not all(callable(f) for f in fns.values()):
         raise ValueError("paths() must give at least two callables, the reference (unfused) step first")
     names = list(fns)
-    tol = model.LOGITS_TOLERANCE[p["dtype"], device]
+    tol = models.LOGITS_TOLERANCE[p["dtype"], device]
     steps, greedy = [], []
     for i, (B, L) in enumerate(p["shapes"]):
         extra = p["greedy_steps"] if i == 0 else 0  # room for the greedy steps' tokens
@@ -307,7 +303,7 @@ class Analysis:
         if missing:
             raise ValueError(f"chapter 0's ceilings lack {missing}: pass lib.bench.ceilings.load(...)")
         self.P, self.BW, self.t0 = c["bf16_tflops"] * 1e12, c["read_bw_GBps"] * 1e9, c["launch_graph_us"]
-        self.params, self.cfg = params, llama.CONFIGS[params["config"]]
+        self.params, self.cfg = params, models.CONFIGS[params["config"]]
         b = 2 if params["dtype"] == "bfloat16" else 4
         nan = float("nan")
         rows, floors, parts = [], [], []

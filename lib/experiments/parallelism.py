@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from lib import llama, model
+from lib import models
 from lib.bench import fit, timing
 from lib.experiments import decode_step, require, step_model
 
@@ -216,19 +216,19 @@ def measure_tp_rank(params: dict, device: str) -> list[dict]:
     step of the same weights, then timed in interleaved rounds (GPU time and call time). What the ranks
     would add, the all-reduces, is not in it."""
     p = params
-    cfg = llama.CONFIGS[p["config"]]
+    cfg = models.CONFIGS[p["config"]]
     dt = getattr(torch, p["dtype"])
     gen = torch.Generator(device=device).manual_seed(p["seed"])
     out = []
     for B, L in p["shapes"]:
         cases = {}
         for tp in p["tp"]:
-            m = llama.random_model(rank_config(cfg, tp), seed=p["seed"], dtype=dt, device=device)
+            m = models.Llama.random(rank_config(cfg, tp), seed=p["seed"], dtype=dt, device=device)
             pool, table = decode_step._pool(m, B, L, p["block"], gen)
             lens = torch.full((B,), L, dtype=torch.int32, device=device)
             tokens = torch.randint(0, cfg.vocab, (B,), generator=gen, device=device)
-            step = llama.FusedStep(m)
-            model.check_logits(f"TP {tp} rank step, B={B} L={L}", step(tokens, pool, table, lens),
+            step = m.with_parts(models.FUSED)
+            models.check_logits(f"TP {tp} rank step, B={B} L={L}", step(tokens, pool, table, lens),
                                m.decode(tokens, pool, table, lens, check=False), p["dtype"], device)
             cases[tp] = (step, (tokens, pool, table, lens))
         for r in range(p["rounds"]):

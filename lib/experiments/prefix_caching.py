@@ -24,7 +24,7 @@ float32 on a CPU smoke run) over a paged KV pool (``lib.kv_pool``) with a prefix
 The timed paths are the notebook's (passed in as ``prefill``, ``decode`` and ``first_token``); before any
 is timed, its output is checked against an oracle: a cached prefill's last logits and a decode step's
 logits must equal the last logits of the whole prompt prefilled from position 0, within the precision of
-the dtype on the device (``lib.model.LOGITS_TOLERANCE``, relative to the largest logit). A path that
+the dtype on the device (``lib.models.LOGITS_TOLERANCE``, relative to the largest logit). A path that
 computes something else raises.
 
 Also here: ``replay_workload``, the cache-size and eviction-policy sweep of a prompt workload that the
@@ -39,7 +39,7 @@ import time
 import pandas as pd
 import torch
 
-from lib import model, prefix_cache
+from lib import models, prefix_cache
 from lib.bench import profile, timing, trace
 from lib.experiments import require
 from lib.prefix_cache import PrefixCache
@@ -72,7 +72,7 @@ def check_params(p: dict) -> None:
     """Reject parameters ``measure`` cannot run, saying which and why."""
     require(p, PARAM_KEYS)
     require(p["attack"], ATTACK_KEYS)
-    model.config_for(p["config"], p["dtype"])
+    models.config_for(p["config"], p["dtype"])
     bs = p["block"]
     if not (isinstance(bs, int) and bs >= 1):
         raise ValueError(f"block must be a positive int (tokens per KV block), got {bs!r}")
@@ -164,7 +164,7 @@ def measure_savings(m, p: dict, dev: str, gen: torch.Generator, prefill, decode)
         whole = m.prefill(tokens, pool, blocks, 0)[-1:].float()  # the whole prompt's KV is in the pool
         for frac in p["fractions"]:
             c = int(frac * n) // bs * bs
-            model.check_logits(f"prefill of {n} tokens after {c} cached", prefill(m, pool, tokens, blocks, c), whole,
+            models.check_logits(f"prefill of {n} tokens after {c} cached", prefill(m, pool, tokens, blocks, c), whole,
                                p["dtype"], dev)
             t = timing.bench([lambda c=c, tokens=tokens, blocks=blocks: prefill(m, pool, tokens, blocks, c)],
                              device=dev, reps=p["reps"], warmup=1, target_ms=p["target_ms"])
@@ -174,7 +174,7 @@ def measure_savings(m, p: dict, dev: str, gen: torch.Generator, prefill, decode)
         table = blocks.to(torch.int32)[None, :]
         lens = torch.tensor([n], dtype=torch.int32, device=dev)
         tok = tokens[-1:].clone()
-        model.check_logits(f"decode step at position {n - 1}", decode(m, pool, tok, table, lens), whole, p["dtype"], dev)
+        models.check_logits(f"decode step at position {n - 1}", decode(m, pool, tok, table, lens), whole, p["dtype"], dev)
         t = timing.bench([lambda tok=tok, table=table, lens=lens: decode(m, pool, tok, table, lens)], device=dev,
                          reps=p["reps"], warmup=1, target_ms=p["target_ms"])
         row = {"n": n, "fraction": None, "cached": None, "decode": True, "timing": t.to_dict()}
@@ -204,9 +204,9 @@ def measure(params: dict, device: str, *, prefill, decode, first_token) -> dict:
     check_params(params)
     p = params
     gen = torch.Generator().manual_seed(p["seed"])
-    cfg = model.CONFIGS[p["config"]]
-    m = model.TinyLlama(cfg, seed=p["seed"], dtype=getattr(torch, p["dtype"]), device=device)
-    m32 = model.TinyLlama(cfg, seed=p["seed"], dtype=torch.float32, device=device)
+    cfg = models.CONFIGS[p["config"]]
+    m = models.Llama.random(cfg, seed=p["seed"], dtype=getattr(torch, p["dtype"]), device=device)
+    m32 = models.Llama.random(cfg, seed=p["seed"], dtype=torch.float32, device=device)
     exact = measure_exactness(m, m32, p, gen)
     del m32
     print(exact, flush=True)

@@ -21,7 +21,7 @@ same product with x quantized before the timed call, as an engine that fuses the
 operation before the layer has it).
 
 ``measure_step(params, device)`` runs chapter 7's decode step with each weight format (``params["step"]``:
-Llama-3-8B on a GPU; ``lib.llama_quant.QuantStep`` in int8 and int4 beside the bf16 ``FusedStep``): each
+Llama-3-8B on a GPU; ``lib.models.quantized`` in int8 and int4 beside the bf16 ``lib.models.FUSED``): each
 quantized step checked against the fused step of the model with the weights it effectively uses, then
 timed in interleaved rounds, with the bytes it must read (its floor at chapter 0's read rate) and, on a
 GPU, its kernels' time by kind.
@@ -406,18 +406,18 @@ def _kernel_kinds(kernels) -> dict | None:
 def measure_step(params: dict, device: str) -> list[dict]:
     """The decode step with each weight format at each (B, L) of ``params["step"]["shapes"]`` (see the
     module): one row per (format, B, L)."""
-    from lib import llama, llama_quant, model
+    from lib import models
     from lib.bench import trace
     from lib.experiments import decode_step
 
     sp, dtype = params["step"], params["dtype"]
-    cfg = llama.CONFIGS[sp["config"]]
+    cfg = models.CONFIGS[sp["config"]]
     gen = torch.Generator(device=device).manual_seed(params["seed"])
-    m = llama.random_model(cfg, seed=params["seed"], dtype=getattr(torch, dtype), device=device)
+    m = models.Llama.random(cfg, seed=params["seed"], dtype=getattr(torch, dtype), device=device)
     g = sp["group"]
-    steps = {"bf16": llama.FusedStep(m), "int8": llama_quant.QuantStep(m, "int8"),
-             f"int4 g{g}": llama_quant.QuantStep(m, "int4", g)}
-    tol = model.LOGITS_TOLERANCE[dtype, device]
+    steps = {"bf16": m.with_parts(models.FUSED), "int8": m.with_parts(models.quantized("int8")),
+             f"int4 g{g}": m.with_parts(models.quantized("int4", g))}
+    tol = models.LOGITS_TOLERANCE[dtype, device]
     out = []
     for B, L in sp["shapes"]:
         pool, table = decode_step._pool(m, B, L + 1, sp["block"], gen)
@@ -426,7 +426,7 @@ def measure_step(params: dict, device: str) -> list[dict]:
         args = (tokens, pool, table, lens)
         checks = {}
         for name, fmt in (("int8", "int8"), (f"int4 g{g}", "int4")):
-            ref = llama.FusedStep(llama_quant.dequantized(m, fmt, g))(*args).float()
+            ref = models.dequantized(m, fmt, g)(*args).float()
             got = steps[name](*args).float()
             err = float((got - ref).abs().max() / ref.abs().max())
             if not err <= tol:
@@ -438,7 +438,7 @@ def measure_step(params: dict, device: str) -> list[dict]:
                                                          "target_ms": sp["target_ms"]}, device)
         base = decode_step.step_bytes(cfg, B, L, b=getattr(torch, dtype).itemsize)
         for name, step in steps.items():
-            layer = base["layer weights"] if name == "bf16" else step.bytes_per_step()
+            layer = base["layer weights"] if name == "bf16" else step.layer_weight_bytes()
             gpu = [r["gpu_us"]["median"] for r in rounds[name] if r["gpu_us"]["median"] == r["gpu_us"]["median"]]
             out.append({"format": name, "B": B, "L": L, "check": checks.get(name),
                         "gpu_us": statistics.median(gpu) if gpu else None, "gpu_us_rounds": gpu,

@@ -1,7 +1,7 @@
 """Chapter 8's experiment: the book's serving engine (``lib.engine``) run for real, and chapter 6's simulator
 against it.
 
-``measure(params, device)`` builds the model with random weights (``lib.llama.random_model``; the weights
+``measure(params, device)`` builds the model with random weights (``lib.models.Llama.random``; the weights
 mean nothing, the timings hold) and one engine runner (its KV pool in the memory left, its decode graphs
 captured), then:
 
@@ -43,8 +43,7 @@ import statistics
 import numpy as np
 import torch
 
-from lib import llama, serving, workloads
-from lib import model as model_lib
+from lib import models, serving, workloads
 from lib.bench import timing
 from lib.engine import EngineConfig, LLMEngine, SamplingParams, cost
 from lib.engine.metrics import summary
@@ -53,7 +52,7 @@ from lib.experiments import require
 
 PARAMS = ("config", "dtype", "block", "max_model_len", "kv_gib", "seed", "cal", "offline", "incident", "chat_rates",
           "reps", "small")
-CONFIGS = {**model_lib.CONFIGS, **llama.CONFIGS}  # "8b" and "tiny" (chapter 7), "1b" (chapters 5 and 6)
+CONFIGS = models.CONFIGS
 MIX = (("chat", workloads.CHAT, 0.85), ("doc", workloads.LONG_DOC, 0.15))
 CHAT_ONLY = (("chat", workloads.CHAT, 1.0),)
 STEP_KEYS = ("start", "end", "batch", "prefill_tokens", "decode_tokens", "decode_kv", "decode_ctx_max", "prefill_work",
@@ -260,7 +259,7 @@ def fused_step_time(m, pool_src, B: int, L: int, block: int, device: str, reps: 
         kv[:, 1: B * pages + 1].normal_(generator=gen)
     lens = torch.full((B,), L, dtype=torch.int32, device=m.device)
     tokens = torch.randint(0, m.cfg.vocab, (B,), generator=gen, device=m.device)
-    step = llama.FusedStep(m)
+    step = m.with_parts(models.FUSED)
     t = timing.bench(lambda: step.greedy(tokens, pool_src, table, lens), device=device, reps=reps,
                      warmup=2, target_ms=20.0 if device == "cuda" else 0.2)
     return {"B": B, "L": L, "gpu_s": _none_for_nan(t.gpu_us.median / 1e6), "call_s": t.call_us.median / 1e6,
@@ -288,10 +287,7 @@ def _build(p: dict, device: str):
 
     cfg_m = CONFIGS[p["config"]]
     dtype = getattr(torch, p["dtype"])
-    if device == "cuda":
-        m = llama.random_model(cfg_m, seed=p["seed"], dtype=dtype, device=device)
-    else:
-        m = model_lib.TinyLlama(cfg_m, seed=p["seed"], dtype=dtype, device=device)
+    m = models.Llama.random(cfg_m, seed=p["seed"], dtype=dtype, device=device)
     base = base_config(p)
     pool = m.new_pool(int(p["kv_gib"] * 2 ** 30 // kv_bytes_per_block(cfg_m, p["block"], dtype)), p["block"])
     runner = ModelRunner(m, pool, base)

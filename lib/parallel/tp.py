@@ -27,8 +27,8 @@ head (and the batch's embedding rows and the norms). TP must divide H_kv and the
 a rank holds whole KV heads, never a share of one (engines that run more ranks than KV heads replicate KV
 heads instead; this module refuses that case).
 
-``shard`` cuts a ``TinyLlama`` into a rank's ``TPShard``; ``TPShard.decode`` has the contract and the
-numerics of ``TinyLlama.decode`` and is called by every rank of the process group at once. ``check_rank``
+``shard`` cuts a ``Llama`` into a rank's ``TPShard``; ``TPShard.decode`` has the contract and the
+numerics of ``Llama.decode`` and is called by every rank of the process group at once. ``check_rank``
 runs a few decode steps in a rank (for ``lib.parallel.dist.run``), ``reference_logits`` the same steps
 on the whole model, so the two can be compared.
 
@@ -42,10 +42,11 @@ import numbers
 
 import torch
 import torch.distributed as tdist
-import torch.nn.functional as F
 
 from lib.kv_pool import KVPool
-from lib.model import Config, TinyLlama
+from lib.models import Llama, ModelConfig
+from lib.models.layers import RowParallel
+from lib.models.weights import Weights
 
 REDUCTIONS_PER_LAYER = 2
 DTYPES = ("float32", "bfloat16", "float16")
@@ -59,7 +60,7 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def check_tp(cfg: Config, world) -> None:
+def check_tp(cfg: ModelConfig, world) -> None:
     """Raise ``ValueError`` unless ``world`` ranks can split ``cfg`` by whole heads and MLP columns."""
     if not (_is_int(world) and world >= 1):
         raise ValueError(f"world (the tensor-parallel size) = {world!r}: pass a positive int")
@@ -71,29 +72,16 @@ def check_tp(cfg: Config, world) -> None:
                              f"divides heads ({cfg.heads}), kv_heads ({cfg.kv_heads}) and mlp ({cfg.mlp}): one of {ok}")
 
 
-class _RankModel(TinyLlama):
-    """A ``TinyLlama`` of one rank's configuration holding that rank's weights, whose output products add the
-    ranks' partial sums before the residual (``reduce_add``, set by its ``TPShard``): the rest of the step
-    (norms, RoPE, the K/V write, decode attention over the rank's heads, the head) is ``TinyLlama.decode``'s."""
-
-    reduce_add = None
-
-    def _attn_out_and_mlp(self, L, x, o):
-        x = self.reduce_add(x, o.reshape(-1, self.cfg.heads * self.cfg.head_dim) @ L["wo"])
-        g, u = (self._norm(x, L["mlp_norm"]) @ L["wgu"]).chunk(2, dim=-1)
-        return self.reduce_add(x, (F.silu(g) * u) @ L["wd"])
-
-
 class TPShard:
-    """Rank ``rank`` of ``world``'s share of a ``TinyLlama`` (see the module); build it with ``shard``.
+    """Rank ``rank`` of ``world``'s share of a ``Llama`` (see the module); build it with ``shard``.
 
     ``cfg`` is the rank's configuration (heads, kv_heads and mlp divided by ``world``), ``full`` the whole
     model's. ``all_reduces`` counts the reductions of partial sums ``decode`` has issued, two per layer
     per step (with ``world = 1`` a reduction is the identity and no collective is called)."""
 
-    def __init__(self, m: TinyLlama, rank: int, world: int):
-        if not isinstance(m, TinyLlama):
-            raise TypeError(f"shard takes a lib.model.TinyLlama, got {type(m).__name__}")
+    def __init__(self, m: Llama, rank: int, world: int):
+        if not isinstance(m, Llama):
+            raise TypeError(f"shard takes a lib.models.Llama, got {type(m).__name__}")
         check_tp(m.cfg, world)
         if not (_is_int(rank) and 0 <= rank < world):
             raise ValueError(f"rank = {rank!r} is not a rank of a group of {world}: pass an int in [0, {world})")
@@ -114,32 +102,32 @@ class TPShard:
                 "mlp_norm": L["mlp_norm"],
                 "wgu": torch.cat([L["wgu"][:, g_cols], L["wgu"][:, u_cols]], 1),
                 "wd": L["wd"][g_cols].contiguous()})
-        # a TinyLlama of the rank's configuration holding the rank's weights: its decode step then works on
-        # the rank's heads unchanged, with the two reductions in _RankModel._attn_out_and_mlp
-        local = _RankModel.__new__(_RankModel)
-        local.cfg, local.dtype, local.device = self.cfg, m.dtype, m.device
-        local.embed, local.layers, local.norm, local.head = m.embed, layers, m.norm, m.head
-        local._inv_freq = m._inv_freq
-        self.local, self.dtype, self.device = local, m.dtype, m.device
+        # the decoder of the rank's configuration on the rank's weights, its O and down products row-parallel:
+        # the step works on the rank's heads unchanged, with the two reductions in those products
+        lin = m.parts.linear
+        row = {p: RowParallel(lin[p], lambda x, part: self._reduce_add(x, part, self._group)) for p in ("wo", "wd")}
+        parts = m.parts.replace(name=f"{m.parts.name}, TP rank", linear={**lin, **row})
+        w = m.weights
+        self.local = Llama(self.cfg, Weights(w.embed, layers, w.norm, w.head), parts)
+        self.dtype, self.device = m.dtype, m.device
         self.all_reduces, self._group = 0, None
-        local.reduce_add = lambda x, part: self._reduce_add(x, part, self._group)
 
     @property
     def layers(self) -> list[dict]:
-        """The rank's weights, per layer (same keys as ``TinyLlama.layers``)."""
+        """The rank's weights, per layer (same keys as ``Llama.layers``)."""
         return self.local.layers
 
     def new_pool(self, num_blocks: int, block_size: int) -> KVPool:
         """A KV pool for this rank's H_kv/TP heads."""
         return self.local.new_pool(num_blocks, block_size)
 
-    def _reduce_add(self, x: torch.Tensor, part: torch.Tensor, group) -> torch.Tensor:
+    def _reduce_add(self, x: torch.Tensor | None, part: torch.Tensor, group) -> torch.Tensor:
         """The residual ``x`` plus the sum over ranks of ``part`` (a rank's partial product): the partial sums
         are reduced first, then the residual, the same on every rank, is added once."""
         self.all_reduces += 1
         if self.world > 1:
             tdist.all_reduce(part, op=tdist.ReduceOp.SUM, group=group)
-        return x + part
+        return part if x is None else x + part
 
     def _check_group(self, group) -> None:
         if self.world == 1:
@@ -156,7 +144,7 @@ class TPShard:
     def decode(self, tokens, pool: KVPool, block_table: torch.Tensor, seq_lens: torch.Tensor, *, group=None,
                check: bool = True) -> torch.Tensor:
         """One decode step for a batch on this rank: the logits [B, vocab] of the new tokens ``tokens`` [B],
-        the same on every rank and the same as ``TinyLlama.decode`` computes (see there for the arguments).
+        the same on every rank and the same as ``Llama.decode`` computes (see there for the arguments).
 
         Every rank of ``group`` (default: the whole process group) calls it at once with the same tokens,
         block table and lengths, each with its own ``pool`` (from ``new_pool``: this rank's KV heads). Per
@@ -176,7 +164,7 @@ class TPShard:
         return m.decode(tokens, pool, block_table, seq_lens, check=check)
 
 
-def shard(m: TinyLlama, rank: int, world: int) -> TPShard:
+def shard(m: Llama, rank: int, world: int) -> TPShard:
     """Rank ``rank``'s share of ``m`` split across ``world`` tensor-parallel ranks (see the module)."""
     return TPShard(m, rank, world)
 
@@ -188,7 +176,7 @@ def _dtype(name: str) -> torch.dtype:
 
 
 def decode_steps(m, steps: int, seed: int, *, lead: int = 2, block_size: int = 4) -> list[torch.Tensor]:
-    """The logits of ``lead + steps`` decode steps of two requests on ``m`` (a ``TinyLlama`` or a
+    """The logits of ``lead + steps`` decode steps of two requests on ``m`` (a ``Llama`` or a
     ``TPShard``, in a fresh pool of its own), built up from length 1, so no prefill is needed: request 0
     decodes alone for ``lead`` steps, then both decode together, request 0 ``lead`` tokens ahead. Step
     t's logits are [1, vocab] for t < ``lead``, then [2, vocab]. Each step's tokens are drawn from
@@ -209,17 +197,17 @@ def decode_steps(m, steps: int, seed: int, *, lead: int = 2, block_size: int = 4
     return out
 
 
-def reference_logits(cfg: Config, steps: int, seed: int, dtype_name: str = "float32", **kw) -> list[torch.Tensor]:
-    """``decode_steps`` on the whole ``TinyLlama(cfg, seed=seed)`` on the CPU: what every rank must get."""
-    return decode_steps(TinyLlama(cfg, seed=seed, dtype=_dtype(dtype_name)), steps, seed, **kw)
+def reference_logits(cfg: ModelConfig, steps: int, seed: int, dtype_name: str = "float32", **kw) -> list[torch.Tensor]:
+    """``decode_steps`` on the whole ``Llama(cfg, seed=seed)`` on the CPU: what every rank must get."""
+    return decode_steps(Llama.random(cfg, seed=seed, dtype=_dtype(dtype_name)), steps, seed, **kw)
 
 
-def check_rank(rank: int, world: int, cfg: Config, steps: int, seed: int, dtype_name: str = "float32", *,
+def check_rank(rank: int, world: int, cfg: ModelConfig, steps: int, seed: int, dtype_name: str = "float32", *,
                build=shard, **kw) -> dict:
-    """A rank's part of a tensor-parallel check, for ``lib.parallel.dist.run``: build ``TinyLlama(cfg,
+    """A rank's part of a tensor-parallel check, for ``lib.parallel.dist.run``: build ``Llama(cfg,
     seed=seed)`` on the CPU (the same in every rank), take this rank's shard with ``build(m, rank, world)``
     (default ``shard``) and run ``decode_steps`` on it. Returns ``{"logits": [...], "all_reduces": n,
     "layers": cfg.layers}``: the logits of every step and the reductions the shard issued."""
-    sh = build(TinyLlama(cfg, seed=seed, dtype=_dtype(dtype_name)), rank, world)
+    sh = build(Llama.random(cfg, seed=seed, dtype=_dtype(dtype_name)), rank, world)
     logits = decode_steps(sh, steps, seed, **kw)
     return {"logits": logits, "all_reduces": sh.all_reduces, "layers": cfg.layers}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lib import llama, model
+from lib import models
 from lib.engine import EngineConfig, LLMEngine, SamplingParams
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -15,12 +15,12 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 @pytest.fixture(scope="module")
 def tiny():
-    return model.TinyLlama(llama.TINY, seed=0, device="cuda")  # float32
+    return models.Llama.random(models.CONFIGS["tiny"], seed=0, device="cuda")  # float32
 
 
 def prompts(n):
     g = torch.Generator().manual_seed(0)
-    return [torch.randint(0, llama.TINY.vocab, (3 + 5 * i,), generator=g).tolist() for i in range(n)]
+    return [torch.randint(0, models.CONFIGS["tiny"].vocab, (3 + 5 * i,), generator=g).tolist() for i in range(n)]
 
 
 def outputs(m, cfg, sps, graphs):
@@ -51,5 +51,5 @@ def test_greedy_and_top_p_in_one_graph(tiny):
         if i % 2 == 0:
             assert a == b  # greedy rows of a sampling graph take the argmax
         else:
-            assert len(a) == 12 and all(0 <= t < llama.TINY.vocab for t in a)
+            assert len(a) == 12 and all(0 <= t < models.CONFIGS["tiny"].vocab for t in a)
     assert got[1::2] != ref[1::2]  # the drawn rows are drawn

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lib import llama, model
+from lib import models
 from lib.kernels import fused
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -28,8 +28,8 @@ def test_kernels_in_bf16():
 
 @pytest.mark.parametrize("B,L", [(1, 100), (8, 300)])
 def test_steps_match_the_unfused_step_in_a_cuda_graph(B, L):
-    cfg = model.Config(vocab=1000, hidden=512, layers=3, heads=8, kv_heads=2, head_dim=128, mlp=1024, rope_theta=500000.0)
-    m = llama.random_model(cfg, seed=1)
+    cfg = models.ModelConfig(vocab=1000, hidden=512, layers=3, heads=8, kv_heads=2, head_dim=128, mlp=1024, rope_theta=500000.0)
+    m = models.Llama.random(cfg, seed=1)
     gen = torch.Generator(device="cuda").manual_seed(2)
     pages = -(-L // 16)
     pool = m.new_pool(B * pages, 16)
@@ -38,7 +38,7 @@ def test_steps_match_the_unfused_step_in_a_cuda_graph(B, L):
     lens = torch.full((B,), L, dtype=torch.int32, device="cuda")
     tokens = torch.randint(0, cfg.vocab, (B,), device="cuda", generator=gen)
     ref = m.decode(tokens, pool, table, lens, check=False).float()
-    for step in (llama.FusedStep(m), llama.CompiledStep(m)):
+    for step in (m.with_parts(models.FUSED), m.with_parts(models.compiled())):
         eager = step(tokens, pool, table, lens).float()
         assert float((eager - ref).abs().max()) <= 0.05 * float(ref.abs().max())
         graph = torch.cuda.CUDAGraph()
@@ -47,7 +47,7 @@ def test_steps_match_the_unfused_step_in_a_cuda_graph(B, L):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.allclose(captured.float(), eager, atol=1e-2, rtol=1e-2)
-        if isinstance(step, llama.FusedStep):  # greedy sampling fused into the head picks the argmax of the logits
+        if step.parts is models.FUSED:  # greedy sampling fused into the head picks the argmax of the logits
             assert torch.equal(step.greedy(tokens, pool, table, lens), step(tokens, pool, table, lens).argmax(-1))
 
 
