@@ -1,6 +1,6 @@
 """lib.experiments.grouped_gemm (chapter 4): the smoke sweep measured on the CPU with the notebook's own
-paths, the data's structure against the stored H200 results, the correctness checks on wrong paths, the
-unmasked kernel's counts worked by hand, and the analysis on a case worked by hand."""
+paths, the data's structure against the stored H200 results, the correctness checks on wrong paths, and the
+analysis (lib.experiments.grouped_gemm_analysis) on cases worked by hand."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 
 from lib.bench import results
 from lib.experiments import grouped_gemm as experiment
+from lib.experiments import grouped_gemm_analysis as analysis
 from lib.kernels import grouped_gemm as gg
 from lib.kernels import launch
 from tests.conftest import ROOT
@@ -72,7 +73,7 @@ def test_smoke_data_has_the_structure_of_the_stored_data(smoke):
 def test_smoke_data_goes_through_the_analysis(smoke):
     params, data = smoke
     c = {"bf16_tflops": 1.0, "copy_bw_GBps": 1.0, "read_bw_GBps": 1.0}
-    a = experiment.Analysis(data, params, c)
+    a = analysis.Analysis(data, params, c)
     assert len(a.cases) == len(params["shapes"]) * len(params["T"]) * len(params["routing"])
     numbers, texts, checks = a.numbers(), a.texts(), a.checks()
     assert numbers["cases"] == len(a.cases) and numbers["lib_tma_cases"] == len(a.cases)
@@ -124,20 +125,6 @@ def test_route_counts_every_token_once():
         assert counts.shape == (7,) and int(counts.sum()) == 100 and bool((counts >= 0).all())
 
 
-def test_unmasked_kernel_counts_worked_by_hand():
-    """Tiles of 16: the first expert's tile covers rows 0-15 and, for N = 24, columns 0-31 (2 column
-    tiles): 16 * 32 = 512 cells written, of which the output [8, 24] holds 8 * 24 = 192: 320 past it; its
-    rows 5-7 are the second expert's: 3 * 24 = 72. With K = 20 every cell sums 12 products of the
-    buffers' other data: all 192 wrong. Experts of 3 and 2 tokens, N = 16, K = 16: 256 written, 5 * 16 =
-    80 inside, 176 past; rows 3-4 of the second expert: 32."""
-    m = experiment.masks_demo(Ms=[5, 3], N=24, K_whole=32, K_tail=20)
-    assert (m["outside_cells"], m["next_cells"], m["wrong_cells"], m["cells"]) == (320, 72, 192, 192)
-    m = experiment.masks_demo(Ms=[3, 2], N=16, K_whole=16, K_tail=20)
-    assert (m["outside_cells"], m["next_cells"], m["wrong_cells"], m["cells"]) == (176, 32, 80, 80)
-    table = experiment.masks_table(m)
-    assert list(table["cells"]) == [176, 32, 80, 80]
-
-
 def point(path, gpu_us, call_us, **extra):
     """One row of data for the case E = 2, K = 4, N = 8, T = 4, counts [3, 1]."""
     t = {"median": 0.0, "q1": 0.0, "q3": 0.0, "min": 0.0, "max": 0.0, "n": 1}
@@ -162,7 +149,7 @@ def test_analysis_of_a_case_worked_by_hand():
         point("lib, unplanned", 0.448, 6.0),
     ]}
     params = {**experiment.sweep("full"), "shapes": [[2, 4, 8]], "T": [4], "routing": ["uniform"]}
-    a = experiment.Analysis(data, params, {"bf16_tflops": 1.0, "copy_bw_GBps": 1.0, "read_bw_GBps": 1.0})
+    a = analysis.Analysis(data, params, {"bf16_tflops": 1.0, "copy_bw_GBps": 1.0, "read_bw_GBps": 1.0})
     case = (2, 4, "uniform")
     row = a.cases.loc[case]
     assert row["floor (us)"] == pytest.approx(0.224) and row["bound"] == "memory"
@@ -217,7 +204,7 @@ def test_targets_against_the_cublas_loop_and_the_read_floor_worked_by_hand():
         case_point(64, heavy, "loop", 2.0), case_point(64, heavy, "lib", 0.4, config=cfg, tma=True, vs_grouped_mm_pairs=pairs),
     ]}
     params = {**experiment.sweep("full"), "shapes": [[2, 4, 8], [64, 4, 8]], "T": [4], "routing": ["uniform"]}
-    a = experiment.Analysis(data, params, {"bf16_tflops": 0.001, "copy_bw_GBps": 0.5, "read_bw_GBps": 1.0})
+    a = analysis.Analysis(data, params, {"bf16_tflops": 0.001, "copy_bw_GBps": 0.5, "read_bw_GBps": 1.0})
     small, large = (2, 4, "uniform"), (64, 4, "uniform")
     assert a.cases.loc[small, "read floor (us)"] == pytest.approx(0.256)
     assert (a.cases.loc[small, "read bound"], a.cases.loc[small, "bound"]) == ("compute", "compute")
@@ -244,45 +231,28 @@ def test_analysis_needs_the_read_rate():
     data = {"sms": 4, "points": [point("loop", 2.0, 8.0)]}
     params = {**experiment.sweep("full"), "shapes": [[2, 4, 8]], "T": [4], "routing": ["uniform"]}
     with pytest.raises(ValueError, match="read_bw_GBps"):
-        experiment.Analysis(data, params, {"bf16_tflops": 1.0, "copy_bw_GBps": 1.0})
-
-
-def test_expert_parallel_bytes_and_rank_loads_by_hand():
-    # K = 7168, k = 8, bf16, 8 GPUs: one way 8 * 7168 * 2 * 7/8 = 100,352 bytes; both ways 200,704
-    b = experiment.ep_bytes_per_token(7168, 8, 8, 2)
-    assert (b["dispatch"], b["combine"], b["total"]) == (100_352, 100_352, 200_704)
-    assert experiment.ep_bytes_per_token(4096, 2, 1)["total"] == 0  # one GPU: nothing leaves it
-    # experts 0-1 on GPU 0, 2-3 on GPU 1, 4-5 on GPU 2
-    assert experiment.ep_rank_loads([5, 0, 1, 1, 0, 3], 3).tolist() == [5, 2, 3]
-    with pytest.raises(ValueError, match="do not split evenly"):
-        experiment.ep_rank_loads([1, 2, 3], 2)
-    with pytest.raises(ValueError, match="ranks must be a positive int"):
-        experiment.ep_rank_loads([1, 2], 0)
-    with pytest.raises(ValueError, match="none negative"):
-        experiment.ep_rank_loads([1, -2], 1)
-    with pytest.raises(ValueError, match="top_k must be a positive int"):
-        experiment.ep_bytes_per_token(4096, 0, 8)
+        analysis.Analysis(data, params, {"bf16_tflops": 1.0, "copy_bw_GBps": 1.0})
 
 
 def test_experts_touched_hand_worked():
     # one pair touches one expert; E pairs over E = 2 experts: 2 (1 - 1/4) = 1.5
-    assert experiment.experts_touched(8, 1) == pytest.approx(1.0)
-    assert experiment.experts_touched(2, 2) == pytest.approx(1.5)
-    assert experiment.experts_touched(5, 0) == 0
+    assert analysis.experts_touched(8, 1) == pytest.approx(1.0)
+    assert analysis.experts_touched(2, 2) == pytest.approx(1.5)
+    assert analysis.experts_touched(5, 0) == 0
     with pytest.raises(ValueError):
-        experiment.experts_touched(0, 3)
+        analysis.experts_touched(0, 3)
 
 
 def test_layer_step_costs_hand_worked():
     # E = 4, K = 8, I = 16, k = 2, n = 3 tokens, 2 experts touched, b = 2 bytes: 6 pairs
-    c = {s: experiment.layer_step_cost(s, 4, 8, 16, 2, 3, 2) for s in experiment.STEPS}
+    c = {s: analysis.layer_step_cost(s, 4, 8, 16, 2, 3, 2) for s in experiment.STEPS}
     assert c["router"] == {"flops": 2 * 3 * 8 * 4, "bytes": 2 * (3 * 8 + 8 * 4 + 3 * 4)}
     assert c["permute"]["bytes"] == 2 * 2 * 6 * 8 + 32 * 6
     assert c["gate-up GEMM"] == {"flops": 2 * 6 * 8 * 32, "bytes": 2 * (2 * 8 * 32 + 6 * 8 + 6 * 32)}
     assert c["down GEMM"] == {"flops": 2 * 6 * 16 * 8, "bytes": 2 * (2 * 16 * 8 + 6 * 16 + 6 * 8)}
     assert c["unpermute"]["bytes"] == 2 * (3 * 6 * 8 + 3 * 8)
     with pytest.raises(ValueError, match="step"):
-        experiment.layer_step_cost("softmax", 4, 8, 16, 2, 3, 2)
+        analysis.layer_step_cost("softmax", 4, 8, 16, 2, 3, 2)
 
 
 def layer_row(step, us, E=4, n=3, kernels=1, counts=(2, 0, 3, 1)):
@@ -297,7 +267,7 @@ def test_layer_analysis_shares_worked_by_hand():
     # routing steps 1 + 2 + 3 + 4 = 10 us, experts 20 + 5 + 15 = 40 us: share 10 / 50 = 0.2; 3 experts touched
     times = dict(zip(experiment.STEPS, (1, 2, 3, 20, 5, 15, 4)))
     rows = [layer_row(s, us) for s, us in times.items()] + [layer_row("layer", 48.0)]
-    la = experiment.LayerAnalysis(rows, {"bf16_tflops": 1.0, "read_bw_GBps": 1.0, "launch_graph_us": 1.0}, "bfloat16")
+    la = analysis.LayerAnalysis(rows, {"bf16_tflops": 1.0, "read_bw_GBps": 1.0, "launch_graph_us": 1.0}, "bfloat16")
     r = la.table.iloc[0]
     assert (r["routing (us)"], r["experts (us)"], r["layer (us)"]) == (10, 40, 48)
     assert r["routing share"] == pytest.approx(0.2) and r["layer, call time (us)"] == 96
@@ -305,4 +275,4 @@ def test_layer_analysis_shares_worked_by_hand():
     shares = la.share_figure_data().iloc[0]
     assert shares.sum() == pytest.approx(1.0) and shares["gate-up GEMM"] == pytest.approx(0.4)
     with pytest.raises(ValueError, match="launch_graph_us"):
-        experiment.LayerAnalysis(rows, {"bf16_tflops": 1.0, "read_bw_GBps": 1.0}, "bfloat16")
+        analysis.LayerAnalysis(rows, {"bf16_tflops": 1.0, "read_bw_GBps": 1.0}, "bfloat16")

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 import torch
 
+from lib import costs
 from lib.bench import ceilings, results, timing
 from lib.bench.device import DATASHEETS
 from lib.experiments import machine
@@ -207,3 +210,52 @@ def test_against_the_h200_datasheet():
     assert s.loc["copy bandwidth (GB/s)", "measured / datasheet"] == pytest.approx(0.9)
     assert s.loc["bf16 matmul (TFLOP/s)", "measured / datasheet"] == pytest.approx(0.8)
     assert s.loc["ridge, bf16 / copy (FLOP/byte)", "datasheet"] == pytest.approx(989 / 4.8)
+
+
+# ---------------------------------------------------------------------------- the page's numbers
+
+def page_from(stored: dict, sheet: dict):
+    """Chapter 0's page from stored results, through the notebook's own tables."""
+    data, params, prov = stored["data"], stored["params"], stored["provenance"]
+    res = SimpleNamespace(data=data, params=params, provenance=prov, date=prov["date"][:10])
+    bw, mm = machine.bandwidth(data), machine.matmul(data)
+    c = ceilings.from_data(data)
+    summary = machine.against_datasheet(c, sheet)
+    vs = machine.against_prediction(machine.prediction(sheet), summary).set_index("quantity")
+    items = machine.call_over_gpu(bw, mm, timing.Timing.from_dict(data["launch"]["timing"]))
+    b, K = 2, 4096
+    example = pd.DataFrame([
+        {"M": M, "F (MFLOP)": costs.linear_flops(M, K, K) / 1e6, "Q (MB)": costs.linear_bytes(M, K, K, b) / 1e6,
+         "I (FLOP/byte)": costs.intensity(costs.linear_flops(M, K, K), costs.linear_bytes(M, K, K, b)),
+         "Q / read rate (us)": costs.linear_bytes(M, K, K, b) / (c["read_bw_GBps"] * 1e3),
+         "F / bf16 rate (us)": costs.linear_flops(M, K, K) / (c["bf16_tflops"] * 1e6)} for M in (1, 128)]).set_index("M")
+    worked = {"b": b, "ridge_M_read": 1.0, "ridge_M_datasheet": 2.0, "ex_params": 8e9,
+              "ex_step_floor_ms": b * 8e9 / (c["read_bw_GBps"] * 1e9) * 1e3}
+    page = machine.page(res, c, summary, vs, machine.findings(bw, mm, c), machine.zeros(data),
+                        machine.call_over_gpu_summary(items), example, worked)
+    return page, c
+
+
+def test_the_page_of_the_stored_h200_results_worked_by_hand():
+    page, c = page_from(results.load("00-the-machine"), DATASHEETS["nvidia-h200"])
+    n, t = page.numbers, page.texts
+    assert len(n) == 86 and len(t) == 12 and not set(n) & set(t)
+    # K = N = 4096 in bf16: F = 2 M K N; Q = 2 (M K + K N + M N) bytes
+    assert n["example_M1_mflop"] == pytest.approx(2 * 4096 * 4096 / 1e6)  # 33.554432
+    assert n["example_M1_MB"] == pytest.approx(2 * (4096 + 4096 * 4096 + 4096) / 1e6)  # 33.570816
+    assert n["example_M128_intensity"] == pytest.approx(2048 / 17)  # 128 * 4096 / (2 * 128 + 4096)
+    # 8e9 bf16 weights: 16 GB read once per step, so tokens/s is the read rate over 16 GB
+    assert (n["ex_params_billion"], n["ex_weights_GB"]) == (8.0, 16.0)
+    assert n["ex_tokens_per_s"] == pytest.approx(c["read_bw_GBps"] / 16)
+    assert (n["ridge_M_read"], n["ridge_M_datasheet"]) == (1.0, 2.0)  # handed on as given
+    # the sweep's buffers run from 1 MiB to 4 GiB
+    assert (n["buffer_min_MiB"], n["buffer_max_GiB"]) == (1.0, 4.0)
+    assert all(t[f"{k}_band"] in ("inside", "above", "below") for k in ("copy", "read", "bf16", "ridge"))
+    assert t["device_name"].startswith("NVIDIA H200") and len(t["measured_date"]) == 10
+
+
+def test_the_page_without_a_datasheet_says_not_predicted():
+    page, _ = page_from(results.load("00-the-machine"), {})
+    assert page.texts["copy_band"] == "not predicted"
+    assert math.isnan(page.numbers["copy_measured_over_predicted"])
+    assert math.isnan(page.numbers["datasheet_hbm_GBps"])

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 import torch
 
 from lib import costs
-from lib.bench import results
+from lib.bench import ceilings, results
 from lib.experiments import matrix_shapes
 
 
@@ -117,3 +118,38 @@ def test_findings_worked_by_hand():
     assert f["gate_up_m1_GBps"] == pytest.approx(costs.linear_bytes(1, 4096, 28672) / 100.0 / 1e3)
     assert f["o_mmax_tflops"] == pytest.approx(2 * 1024 * 4096 * 4096 / 20.0 / 1e6)
     assert f["decode_gain_b128"] == 60.0
+
+
+def test_the_page_of_the_stored_h200_results_worked_by_hand():
+    stored = results.load("01-matrix-shapes")
+    res = SimpleNamespace(data=stored["data"], params=stored["params"], provenance=stored["provenance"],
+                          date=stored["provenance"]["date"][:10])
+    c = results.load("00-the-machine")["data"]
+    c = ceilings.from_data(c)
+    roof = costs.Roofline(c["bf16_tflops"] * 1e12, c["read_bw_GBps"] * 1e9, c["launch_graph_us"] * 1e-6)
+    pts = matrix_shapes.points(res.data, roof)
+    cold = pts[pts["L2"] == "cold"]
+    decode = matrix_shapes.decode_steps(cold, 32, max_B=2048)
+    knees = pd.DataFrame({"measured knee M*": [64.0], "knee / ridge": [0.5]}, index=pd.Index(["o"], name="layer"))
+    hot_cold = pd.DataFrame({"o": [0.9], "gate_up": [0.8]}, index=pd.Index([1], name="M"))
+    F1, Q1 = 2 * 4096 * 4096, 2 * (4096 + 4096 * 4096 + 4096)  # K = N = 4096, bf16, M = 1
+    worked = {"m1_F": F1, "m1_Q": Q1, "m128_F": 128 * F1, "m128_Q": 2 * (2 * 128 * 4096 + 4096 * 4096),
+              "P_seed": 100e12, "BW_seed": 1e12, "table": pd.DataFrame({"match": [True, True, False]})}
+    step = {"step_knee_B": 256.0, "tpot_target_ms": 50.0, "tpot_target_max_B": 512, "fit_GBps": 4000.0,
+            "fit_t0_us": 3.0}
+    page = matrix_shapes.page(res, c, roof, pts, cold, decode, matrix_shapes.findings(cold, decode), knees, hot_cold,
+                              worked, step)
+    n = page.numbers
+    assert n["m1_intensity"] == pytest.approx(33_554_432 / 33_570_816)  # just under 1 FLOP per byte
+    assert n["m128_intensity"] == pytest.approx(2048 / 17)  # 128 * 4096 / (2 * 128 + 4096)
+    assert n["m1_compute_bound_us_seed"] == pytest.approx(0.33554432)  # 33.55 MFLOP at 100 TFLOP/s
+    assert n["m1_traffic_bound_us_seed"] == pytest.approx(33.570816)  # 33.57 MB at 1 TB/s
+    assert (n["worked_matches"], n["worked_total"]) == (2, 3)
+    # the o projection 4096 x 4096 and gate_up 4096 x 28672 in bf16: 32 MiB and 224 MiB
+    assert (n["o_weight_MiB"], n["gate_up_weight_MiB"]) == (32.0, 224.0)
+    # one layer's linear weights: 4096 x (6144 + 4096 + 28672) + 14336 x 4096 = 218,103,808; 32 layers in bf16: 13 GiB
+    assert n["linear_weights_GiB"] == pytest.approx(13.0)
+    assert n["n_layers"] == 32 and n["measured_knee_M"] == 64.0 and n["step_knee_over_ridge"] == pytest.approx(
+        256.0 / costs.ridge_M(2, roof.P_flops, roof.BW_Bps))
+    assert (n["hot_cold_o_m1"], n["hot_cold_gate_up_m1"]) == (0.9, 0.8)
+    assert page.texts["device_name"].startswith("NVIDIA H200")

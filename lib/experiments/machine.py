@@ -471,3 +471,124 @@ def findings(bw: pd.DataFrame, mm: pd.DataFrame, c: dict) -> dict:
         "tf32_rel_err_min": rel_err["tf32"].min(),
         "fp32_rel_err_max": rel_err["fp32"].max(),
     }
+
+
+def page(res, c: dict, summary: pd.DataFrame, vs: pd.DataFrame, f: dict, zeros_table: pd.DataFrame,
+         calls: pd.DataFrame, example: pd.DataFrame, worked: dict):
+    """Every number and word chapter 0's page quotes, by name, from the notebook's tables: ``res`` (the
+    results: params, provenance, date, the L2's size), the ceilings ``c``, ``against_datasheet``'s
+    ``summary``, ``against_prediction``'s ``vs`` (indexed by quantity), ``findings``' ``f``, ``zeros``'
+    table, ``call_over_gpu_summary``'s ``calls``, the worked example's table (indexed by M) and its
+    numbers ``worked`` (b, ridge_M_read, ridge_M_datasheet, ex_params, ex_step_floor_ms); a ``glue.Page``.
+    (glue and plots are imported here, so that the import statements the measuring code uses stay as they were.)"""
+    from lib.bench import glue
+    from lib.bench.plots import human_bytes
+
+    prov, L2, zeros = res.provenance, res.data["l2_bytes"], zeros_table
+    ratio, datasheet = summary["measured / datasheet"], summary["datasheet"]
+    b, ridge_M_read, ridge_M_datasheet = worked["b"], worked["ridge_M_read"], worked["ridge_M_datasheet"]
+    ex_params, ex_step_floor_ms = worked["ex_params"], worked["ex_step_floor_ms"]
+    zeros_speedup = zeros.loc["random", "GPU time (us)"] / zeros.loc["zeros", "GPU time (us)"]
+    numbers = {
+        "copy_bw_GBps": c["copy_bw_GBps"],
+        "read_bw_GBps": c["read_bw_GBps"],
+        "bf16_tflops": c["bf16_tflops"],
+        "fp16_tflops": c["fp16_tflops"],
+        "tf32_tflops": c["tf32_tflops"],
+        "fp32_tflops": c["fp32_tflops"],
+        "ridge_flop_per_byte": c["ridge_flop_per_byte"],
+        "launch_eager_us": c["launch_eager_us"],
+        "launch_graph_us": c["launch_graph_us"],
+        "launch_eager_over_graph": c["launch_eager_us"] / c["launch_graph_us"],
+        "copy_bw_frac_datasheet": ratio["copy bandwidth (GB/s)"],
+        "read_bw_frac_datasheet": ratio["read bandwidth (GB/s)"],
+        "bf16_frac_datasheet": ratio["bf16 matmul (TFLOP/s)"],
+        "ridge_datasheet_flop_per_byte": datasheet["ridge, bf16 / copy (FLOP/byte)"],
+        "ridge_frac_datasheet": ratio["ridge, bf16 / copy (FLOP/byte)"],
+        "ridge_read_flop_per_byte": summary.loc["ridge, bf16 / read (FLOP/byte)", "measured"],
+        "ridge_copy_flop_per_byte": summary.loc["ridge, bf16 / copy (FLOP/byte)", "measured"],
+        "ridge_read_frac_datasheet": ratio["ridge, bf16 / read (FLOP/byte)"],
+        "example_M1_mflop": example.loc[1, "F (MFLOP)"],
+        "example_M1_MB": example.loc[1, "Q (MB)"],
+        "example_M1_intensity": example.loc[1, "I (FLOP/byte)"],
+        "example_M1_read_us": example.loc[1, "Q / read rate (us)"],
+        "example_M1_flop_us": example.loc[1, "F / bf16 rate (us)"],
+        "example_M128_intensity": example.loc[128, "I (FLOP/byte)"],
+        "example_M128_read_us": example.loc[128, "Q / read rate (us)"],
+        "example_M128_flop_us": example.loc[128, "F / bf16 rate (us)"],
+        "ridge_M_read": ridge_M_read,
+        "ridge_M_datasheet": ridge_M_datasheet,
+        "ex_params_billion": ex_params / 1e9,
+        "ex_weights_GB": b * ex_params / 1e9,
+        "ex_step_floor_ms": ex_step_floor_ms,
+        "ex_tokens_per_s": 1e3 / ex_step_floor_ms,
+        "read_over_copy": c["read_bw_GBps"] / c["copy_bw_GBps"],
+        "bw_max_GBps": f["bw_max_GBps"],
+        "read_sum_GBps": f["read_sum_GBps"],
+        "bw_max_footprint_over_l2": f["bw_max_footprint_bytes"] / L2 if L2 else float("nan"),
+        "hbm_GiB": prov.get("memory_bytes", 0) / (1 << 30),
+        "copy_measured_over_predicted": vs.loc["copy bandwidth (GB/s)", "measured / predicted"] if len(vs) else float("nan"),
+        "read_measured_over_predicted": vs.loc["read bandwidth (GB/s)", "measured / predicted"] if len(vs) else float("nan"),
+        "bf16_measured_over_predicted": vs.loc["bf16 matmul (TFLOP/s)", "measured / predicted"] if len(vs) else float("nan"),
+        "ridge_measured_over_predicted": vs.loc["ridge, bf16 / read (FLOP/byte)", "measured / predicted"]
+        if len(vs) else float("nan"),
+        "copy_best_spread": f["copy_best_spread"],
+        "bf16_best_n": f["bf16_best_n"],
+        "bf16_best_spread": f["bf16_best_spread"],
+        "bf16_best_clock_MHz": f["bf16_best_clock_MHz"],
+        "bf16_largest_n": f["bf16_largest_n"],
+        "bf16_largest_tflops": f["bf16_largest_tflops"],
+        "bf16_largest_clock_MHz": f["bf16_largest_clock_MHz"],
+        "bf16_largest_power_W": f["bf16_largest_power_W"],
+        "bf16_max_clock_MHz": f["bf16_max_clock_MHz"],
+        "l2_MiB": L2 / MiB,
+        "l2_peak_GBps": f["l2_peak_GBps"],
+        "l2_peak_over_hbm": f["l2_peak_GBps"] / c["copy_bw_GBps"],
+        "l2_edge_MiB": f["l2_edge_bytes"] / MiB,
+        "l2_edge_over_l2": f["l2_edge_over_l2"],
+        "cold_small_max_GBps": f["cold_small_max_GBps"],
+        "cold_smallest_GBps": f["cold_smallest_GBps"],
+        "cold_smallest_footprint_MiB": f["cold_smallest_footprint_bytes"] / MiB,
+        "datasheet_hbm_GBps": datasheet["copy bandwidth (GB/s)"],
+        "datasheet_bf16_tflops": datasheet["bf16 matmul (TFLOP/s)"],
+        "tf32_rel_err": f["tf32_rel_err"],
+        "fp32_rel_err": f["fp32_rel_err"],
+        "buffer_min_MiB": min(res.params["buffer_bytes"]) / MiB,
+        "buffer_max_GiB": max(res.params["buffer_bytes"]) / (1 << 30),
+        "matmul_n_min": min(res.params["matmul_n"]),
+        "matmul_n_max": max(res.params["matmul_n"]),
+        "target_ms": res.params["target_ms"],
+        "memcpy_graph_over_eager": f["memcpy_graph_over_eager"],
+        "kernel_graph_over_eager": f["kernel_graph_over_eager"],
+        "memcpy_graph_big_GBps": f["memcpy_graph_big_GBps"],
+        "memcpy_eager_big_GBps": f["memcpy_eager_big_GBps"],
+        "zeros_speedup": zeros_speedup,
+        "zeros_clock_MHz": zeros.loc["zeros", "SM clock (MHz)"],
+        "zeros_power_W": zeros.loc["zeros", "power (W)"],
+        "random_power_W": zeros.loc["random", "power (W)"],
+        "random_clock_MHz": zeros.loc["random", "SM clock (MHz)"],
+        "zeros_n": zeros["n"].iloc[0],
+        "tf32_over_fp32": c["tf32_tflops"] / c["fp32_tflops"],
+        "fp16_over_bf16": c["fp16_tflops"] / c["bf16_tflops"],
+        "full_clock_n": f["full_clock_n"],
+        "fp16_over_bf16_full_clock": f["fp16_over_bf16_full_clock"],
+        "matmul_big_spread_max": f["matmul_big_spread_max"],
+        "reps": res.params["reps"],
+        "call_over_gpu_short": calls.loc[SHORT, "median call/GPU"],
+        "call_over_gpu_long": calls.loc[LONG, "median call/GPU"],
+        "sms": prov.get("sms", 0),
+    }
+    texts = {
+        **{f"{k}_band": vs.loc[q, "band"] if len(vs) else "not predicted" for k, q in (
+            ("copy", "copy bandwidth (GB/s)"), ("read", "read bandwidth (GB/s)"), ("bf16", "bf16 matmul (TFLOP/s)"),
+            ("ridge", "ridge, bf16 / read (FLOP/byte)"))},
+        "bw_max_method": f["bw_max_method"],
+        "bw_max_footprint": human_bytes(f["bw_max_footprint_bytes"]),
+        "copy_best_method": f["copy_best_method"],
+        "read_best_method": {"read": "torch.sum", "read kernel": "the read-only kernel"}[f["read_best_method"]],
+        "read_best_footprint": human_bytes(f["read_best_footprint_bytes"]),
+        "copy_best_footprint": human_bytes(f["copy_best_footprint_bytes"]),
+        "device_name": prov["name"],
+        "measured_date": res.date,
+    }
+    return glue.Page(numbers=numbers, texts=texts)

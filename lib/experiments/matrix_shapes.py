@@ -204,3 +204,102 @@ def largest_within(step_us: pd.Series, target_us: float) -> int:
         raise ValueError(f"the target time must be positive, got {target_us!r} us")
     fits = step_us[step_us <= target_us]
     return int(fits.index.max()) if len(fits) else 0
+
+
+def page(res, c: dict, roof: costs.Roofline, pts: pd.DataFrame, cold: pd.DataFrame, decode: pd.DataFrame, f: dict,
+         knees: pd.DataFrame, hot_cold: pd.DataFrame, worked: dict, step: dict):
+    """Every number and word chapter 1's page quotes, by name (a ``glue.Page``), from the notebook's tables:
+    the results ``res``, chapter 0's ceilings ``c`` and their ``roof``, the ``points``, the cold rows, the
+    decode steps (``decode_steps`` up to B = 2048), ``findings``' ``f``, the knees (by layer) and the
+    hot / cold table (by M); ``worked``: the worked example (m1_F, m1_Q, m128_F, m128_Q, P_seed, BW_seed,
+    and its table, with a "match" column); ``step``: step_knee_B, tpot_target_ms, tpot_target_max_B and the
+    M = 1 line fit (fit_GBps, fit_t0_us). (glue and the diagram are imported here, so that the import
+    statements the measuring code uses stay as they were.)"""
+    from lib.bench import glue
+    from lib.diagrams.gemm import crossover_M
+
+    m1_F, m1_Q, m128_F, m128_Q = worked["m1_F"], worked["m1_Q"], worked["m128_F"], worked["m128_Q"]
+    P_seed, BW_seed, worked = worked["P_seed"], worked["BW_seed"], worked["table"]
+    step_knee_B, tpot_target_ms, tpot_target_max_B = step["step_knee_B"], step["tpot_target_ms"], step["tpot_target_max_B"]
+    fit_GBps, fit_t0_us = step["fit_GBps"], step["fit_t0_us"]
+    predicted_ridge_M = costs.ridge_M(2, roof.P_flops, roof.BW_Bps)
+    n_layers = costs.LLAMA3_8B["layers"]
+    weights = weight_bytes(costs.LLAMA3_8B)
+    floor_us = {name: nbytes / roof.BW_Bps * 1e6 for name, nbytes in weights.items()}
+    m1 = cold[cold["M"] == 1].set_index("layer")
+    numbers = {
+        "m1_flops": m1_F,
+        "m1_bytes": m1_Q,
+        "m1_intensity": costs.intensity(m1_F, m1_Q),
+        "m128_flops": m128_F,
+        "m128_bytes": m128_Q,
+        "m128_intensity": costs.intensity(m128_F, m128_Q),
+        "m1_compute_bound_us_seed": m1_F / P_seed * 1e6,
+        "m1_traffic_bound_us_seed": m1_Q / BW_seed * 1e6,
+        "m1_traffic_over_compute_worked": (m1_Q / BW_seed) / (m1_F / P_seed),
+        "worked_matches": int(worked["match"].sum()),
+        "worked_total": len(worked),
+        "predicted_ridge_M": predicted_ridge_M,
+        "measured_knee_M": knees.loc["o", "measured knee M*"],
+        "knee_over_ridge": knees.loc["o", "knee / ridge"],
+        "knee_over_ridge_min": knees["knee / ridge"].min(),
+        "knee_over_ridge_max": knees["knee / ridge"].max(),
+        "o_m1_us": f["o_m1_us"],
+        "o_m1_GBps": f["o_m1_GBps"],
+        "o_m64_max_over_m1": f["o_m64_max_over_m1"],
+        "o_mmax_tflops": f["o_mmax_tflops"],
+        "o_m1_call_us": f["o_m1_call_us"],
+        "gate_up_m1_GBps": f["gate_up_m1_GBps"],
+        "gate_up_m1_of_read": f["gate_up_m1_GBps"] / c["read_bw_GBps"],
+        "max_tflops_all": f["max_tflops_all"],
+        "min_tflops_big": f["min_tflops_big"],
+        "o_weight_MiB": SHAPES["o"][0] * SHAPES["o"][1] * 2 / 2**20,
+        "gate_up_weight_MiB": SHAPES["gate_up"][0] * SHAPES["gate_up"][1] * 2 / 2**20,
+        "n_layers": n_layers,
+        "hot_cold_o_m1": hot_cold.loc[1, "o"],
+        "hot_cold_gate_up_m1": hot_cold.loc[1, "gate_up"],
+        "decode_per_token_b1_us": decode["per token (us)"].iloc[0],
+        "decode_gain_b128": f["decode_gain_b128"],
+        "decode_gain_max": decode["vs B=1"].max(),
+        "decode_step_b1_us": decode["step (us)"].iloc[0],
+        "reps": res.params["reps"],
+        "m_1000_over_1024": f["m_1000_over_1024"],
+        "m_1500_over_1024": f["m_1500_over_1024"],
+        "read_bw_GBps": c["read_bw_GBps"],
+        "l2_MiB": c["l2_bytes"] / 2**20,
+        "copy_bw_GBps": c["copy_bw_GBps"],
+        "bf16_tflops": c["bf16_tflops"],
+        "crossover_M": crossover_M(SHAPES),
+        "linear_weights_GiB": weights["linear layers"] / 2**30,
+        "lm_head_GiB": weights["LM head"] / 2**30,
+        "embedding_GiB": weights["embedding"] / 2**30,
+        "decode_weights_GiB": weights["decode step reads"] / 2**30,
+        "linear_weights_floor_us": floor_us["linear layers"],
+        "decode_weights_floor_us": floor_us["decode step reads"],
+        "step_b1_over_floor": decode["step (us)"].iloc[0] / floor_us["linear layers"],
+        "step_b1_read_GBps": weights["linear layers"] / decode["step (us)"].iloc[0] / 1e3,
+        "step_b64_over_b1": decode.loc[64, "step (us)"] / decode["step (us)"].iloc[0] if 64 in decode.index else float("nan"),
+        "step_knee_B": step_knee_B,
+        "step_knee_over_ridge": step_knee_B / predicted_ridge_M,
+        "per_token_b2048_over_b1024": (decode.loc[2048, "per token (us)"] / decode.loc[1024, "per token (us)"]
+                                       if {1024, 2048} <= set(decode.index) else float("nan")),
+        "tpot_target_ms": tpot_target_ms,
+        "tpot_target_max_B": tpot_target_max_B,
+        "m1_fit_GBps": fit_GBps,
+        "m1_fit_t0_us": fit_t0_us,
+        "o_m1_Q_MiB": m1.loc["o", "Q"] / 2**20,
+        "gate_up_m1_Q_MiB": m1.loc["gate_up", "Q"] / 2**20,
+        "gate_up_m1_us": m1.loc["gate_up", "GPU time (us)"],
+        "tpot_half_target_max_B": largest_within(decode["step (us)"], tpot_target_ms * 1e3 / 2),
+        "decode_weights_bytes": weights["decode step reads"],
+        "lm_head_floor_us": floor_us["LM head"],
+        "lm_head_crossover_M": crossover_M({"lm_head": (costs.LLAMA3_8B["hidden"], costs.LLAMA3_8B["vocab"])}),
+        "ridge_M_weight_only_fp8": costs.ridge_M(1, roof.P_flops, roof.BW_Bps),
+        "max_tflops_over_bf16": f["max_tflops_all"] / c["bf16_tflops"],
+        "largest_M_min_of_bf16": f["largest_M_min_tflops"] / c["bf16_tflops"],
+        "o_m1_GBps_of_read": f["o_m1_GBps"] / c["read_bw_GBps"],
+        "worst_rel_err": pts["rel. error"].max(),
+        "kernels_per_call_max": pts["kernels"].max(),
+    }
+    texts = {"device_name": res.provenance["name"], "measured_date": res.date}
+    return glue.Page(numbers=numbers, texts=texts)
