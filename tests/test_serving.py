@@ -398,10 +398,15 @@ def test_bad_costs_and_times_are_rejected_not_simulated():
         def step(self, tokens, prefill_ctx_work, decode_kv_tokens):
             return self.value
 
-    for value in (0.0, -1.0, math.nan, math.inf):
-        with pytest.raises(ValueError, match=rf"^the cost model gives {value!r} s for a step of 8 prefill and 0 decode "
-                                             r"tokens \(0 of KV\): a step must take a positive, finite time; check"):
+    # a negative or non-finite step is refused by the step-cost protocol (lib.engine.cost.step_seconds), as
+    # the engine refuses it; a step of 0 s, which the engine allows, by the simulator, whose clock must move
+    for value in (-1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match=rf"^the cost model's step\(8, 32.0, 0\) returned {value!r}: a cost model "
+                                             r"must return the step's time in seconds, a finite float >= 0$"):
             simulator.simulate([{"id": 0, "arrival": 0.0, "input": 8, "output": 2}], Broken(value), simulator.Policy())
+    with pytest.raises(ValueError, match=r"^the cost model gives 0.0 s for a step of 8 prefill and 0 decode "
+                                         r"tokens \(0 of KV\): a step must take a positive, finite time; check"):
+        simulator.simulate([{"id": 0, "arrival": 0.0, "input": 8, "output": 2}], Broken(0.0), simulator.Policy())
 
 
 def test_a_stuck_engine_fails_loudly_instead_of_spinning(monkeypatch):
