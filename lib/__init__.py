@@ -11,9 +11,12 @@
     lib/model.py      a Llama-style decoder with random weights on the paged pool (5, 6)
     lib/workloads.py  seeded request workloads (5, 6)
     lib/sidechannel.py    the prefix cache's timing side channel, scored (5)
-    lib/serving/      a serving engine simulated: policy, cost_model, simulate, metrics (6)
+    lib/engine/       the serving engine: policy and scheduler (the one set of scheduling rules), KV,
+                      step costs and their fits, runner, loop, metrics, asyncio front end (6, 8)
+    lib/simulator/    the engine's scheduler on a virtual clock, a cost model timing each step (6)
     lib/experiments/  one module per chapter: the sweeps its notebook runs (machine 0, matrix_shapes 1,
-                      roofline 2, kv_cache 3, grouped_gemm 4, prefix_caching 5, batching 6)
+                      roofline 2, kv_cache 3, grouped_gemm 4, prefix_caching 5, batching 6, decode_step 7,
+                      engine and engine_analysis 8, ...)
 
 Layers: the ideas and the kernels never import the book side of the machinery (claims, glue, plots);
 an experiment imports the ideas, the kernels and the measuring half of ``lib.bench``. Each module's

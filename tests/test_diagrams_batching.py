@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from lib import serving
+from lib import simulator
 from lib.diagrams import batching as bd
 
 
 def flat_cost(step_s):
     """Every step takes step_s seconds, whatever it does."""
-    return serving.MeasuredCostModel.fitted([1, 10**9], [step_s, step_s], prefill_s_per_work=0.0, decode_fixed_s=0.0,
+    return simulator.MeasuredCostModel.fitted([1, 10**9], [step_s, step_s], prefill_s_per_work=0.0, decode_fixed_s=0.0,
                                             decode_s_per_kv_token=0.0)
 
 
@@ -32,7 +32,7 @@ def test_occupancy_of_a_static_batch_read_from_the_simulator():
     # a static batch of 2, every step 1 s: step 1 prefills both (each yields its first token), step 2 decodes
     # both (request 1 has its 2 tokens and is done), step 3 decodes request 0 alone (its third token)
     trace = []
-    res = serving.simulate(FEW, flat_cost(1.0), serving.Policy("static", max_batch=2), trace=trace)
+    res = simulator.simulate(FEW, flat_cost(1.0), simulator.Policy("static", max_batch=2), trace=trace)
     occ = bd.occupancy(trace)
     assert occ[0] == [(0.0, 1.0, "prefill"), (1.0, 2.0, "decode"), (2.0, 3.0, "decode")]
     assert occ[1] == [(0.0, 1.0, "prefill"), (1.0, 2.0, "decode")]
@@ -44,11 +44,11 @@ def test_continuous_lets_a_late_request_join_the_next_step():
     # step, beside request 0's decode; a static batch of 2 keeps request 0 waiting for it
     late = [FEW[0], {**FEW[1], "arrival": 0.5}]
     trace = []
-    serving.simulate(late, flat_cost(1.0), serving.Policy("continuous", max_running=2, token_budget=64), trace=trace)
+    simulator.simulate(late, flat_cost(1.0), simulator.Policy("continuous", max_running=2, token_budget=64), trace=trace)
     occ = bd.occupancy(trace)
     assert occ[1][0] == (1.0, 2.0, "prefill") and (1.0, 2.0, "decode") in occ[0]
     trace = []
-    serving.simulate(late, flat_cost(1.0), serving.Policy("static", max_batch=2), trace=trace)
+    simulator.simulate(late, flat_cost(1.0), simulator.Policy("static", max_batch=2), trace=trace)
     assert bd.occupancy(trace)[0][0] == (0.5, 1.5, "prefill")
 
 
@@ -61,10 +61,10 @@ def test_occupancy_refuses_what_is_not_a_trace():
 
 def test_policy_timelines_draws_one_box_per_step_a_request_runs_in():
     runs = {}
-    for name, pol in (("static", serving.Policy("static", max_batch=2)),
-                      ("continuous", serving.Policy("continuous", max_running=2, token_budget=64))):
+    for name, pol in (("static", simulator.Policy("static", max_batch=2)),
+                      ("continuous", simulator.Policy("continuous", max_running=2, token_budget=64))):
         trace = []
-        runs[name] = (serving.simulate(FEW, flat_cost(1e-3), pol, trace=trace), trace)
+        runs[name] = (simulator.simulate(FEW, flat_cost(1e-3), pol, trace=trace), trace)
     fig = bd.policy_timelines(runs, title="two policies")
     assert len(fig.axes) == 2
     for ax, (_res, trace) in zip(fig.axes, runs.values(), strict=True):
@@ -75,7 +75,7 @@ def test_policy_timelines_draws_one_box_per_step_a_request_runs_in():
 
 def test_policy_timelines_refuses_different_requests_or_no_trace():
     trace = []
-    res = serving.simulate(FEW, flat_cost(1e-3), serving.Policy("static", max_batch=2), trace=trace)
+    res = simulator.simulate(FEW, flat_cost(1e-3), simulator.Policy("static", max_batch=2), trace=trace)
     with pytest.raises(ValueError, match="same requests"):
         bd.policy_timelines({"a": (res, trace), "b": (res[:1], trace)}, title="t")
     with pytest.raises(ValueError, match="empty trace"):

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from lib import serving, workloads
+from lib import simulator, workloads
 from lib.diagrams import timeline
 
 
@@ -71,7 +71,7 @@ class _Cost:
 def test_every_request_of_a_real_run_matches_the_simulator():
     trace = []
     reqs = workloads.requests(40, 200.0, seed=3)
-    res = serving.simulate(reqs, _Cost(), serving.Policy("continuous", max_running=8, token_budget=1024, chunk=256),
+    res = simulator.simulate(reqs, _Cost(), simulator.Policy("continuous", max_running=8, token_budget=1024, chunk=256),
                            trace=trace)
     for r in res:
         tl = timeline.request_timeline(r, trace)

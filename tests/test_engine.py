@@ -14,14 +14,14 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from lib import models, serving, workloads
+from lib import models, simulator, workloads
 from lib.engine import EngineConfig, EngineOverloaded, LLMEngine, RequestError, SamplingParams, replay
 from lib.engine.metrics import PrometheusExporter, decomposition, summary
 from lib.engine.runner import StepResult
 from lib.engine.server import AsyncEngine, open_loop
 from lib.kv_pool import KVPool
 
-COST = serving.MeasuredCostModel.fitted([1, 64, 1024, 8192], [0.004, 0.0042, 0.012, 0.09], 1e-12, 0.0005, 2e-9)
+COST = simulator.MeasuredCostModel.fitted([1, 64, 1024, 8192], [0.004, 0.0042, 0.012, 0.09], 1e-12, 0.0005, 2e-9)
 MIX = (("chat", workloads.CHAT, 0.85), ("doc", workloads.LONG_DOC, 0.15))
 TINY = models.CONFIGS["tiny"]
 
@@ -95,7 +95,7 @@ def test_a_request_longer_than_the_pool_is_refused():
 
 @pytest.mark.parametrize("kw", [{"max_num_seqs": 0}, {"block_size": 2.0}, {"policy": "fifo"}, {"max_wait": -1},
                                 {"graph_batch_sizes": (4, 2)}, {"num_blocks": 0},
-                                {"policy": "static", "buckets": (serving.Bucket("a", 10),)}])
+                                {"policy": "static", "buckets": (simulator.Bucket("a", 10),)}])
 def test_bad_configs_are_refused(kw):
     with pytest.raises(ValueError):
         EngineConfig(**kw)
@@ -108,8 +108,8 @@ POLICIES = {
     "continuous, whole prompts, prefill first": EngineConfig(max_num_seqs=32, max_num_batched_tokens=4096,
                                                               enable_chunked_prefill=False, prefill_first=True),
     "queues by length": EngineConfig(max_num_seqs=64, max_num_batched_tokens=2048, long_prefill_token_threshold=1024,
-                                     buckets=(serving.Bucket("chat", 2048, priority=0, max_wait=0.0),
-                                              serving.Bucket("doc", 10 ** 9, priority=1, max_wait=0.05))),
+                                     buckets=(simulator.Bucket("chat", 2048, priority=0, max_wait=0.0),
+                                              simulator.Bucket("doc", 10 ** 9, priority=1, max_wait=0.05))),
     "window": EngineConfig(max_num_seqs=16, max_num_batched_tokens=8192, max_wait=0.02),
     "static": EngineConfig(policy="static", max_num_seqs=8),
     "dynamic": EngineConfig(policy="dynamic", max_num_seqs=8, max_wait=0.05),
@@ -138,7 +138,7 @@ def test_virtual_engine_schedules_as_the_simulator(name, cost):
     cm = COST if cost == "tokens" else DetailCost()
     wl = workloads.requests(80, 6.0, mix=MIX, seed=5)
     got = replay(LLMEngine.virtual(cfg, cm, num_blocks=150_000), wl, prompts_for(wl))
-    sim = serving.simulate(wl, cm, cfg.as_policy())
+    sim = simulator.simulate(wl, cm, cfg.as_policy())
     assert [r["id"] for r in got] == [r["id"] for r in sim] == list(range(80))
     for a, b in zip(got, sim):
         for k in ("ttft", "e2e", "queue", "prefill"):
@@ -159,7 +159,7 @@ def test_virtual_engine_and_simulator_differ_when_the_cache_hits():
     e = LLMEngine.virtual(cfg, COST, num_blocks=50_000)
     got = replay(e, wl, prompts)
     trace = []
-    sim = serving.simulate(wl, COST, cfg.as_policy(), trace=trace)
+    sim = simulator.simulate(wl, COST, cfg.as_policy(), trace=trace)
     cached = sum(r["cached"] for r in got)
     assert cached >= 29 * 512 and all(r["preemptions"] == 0 for r in got)
     assert sum(sum(s["prefill"].values()) for s in trace) == sum(r["input"] for r in wl)
@@ -331,12 +331,12 @@ def test_metrics_and_the_prometheus_page():
     assert hits > 0 and f"engine_prefix_cache_hits_total {float(hits)}" in page
     s = summary(res)
     gaps = sorted(g for r in res for g in r["itl"])
-    assert s["itl_p50"] == pytest.approx(serving.percentile(gaps, 50))
-    assert s["ttft_p95"] == serving.summary(res)["ttft_p95"]
+    assert s["itl_p50"] == pytest.approx(simulator.percentile(gaps, 50))
+    assert s["ttft_p95"] == simulator.summary(res)["ttft_p95"]
     d = decomposition(res, q=50)
     for r in res:  # the stages of each request add up to its TTFT
         assert r["queue"] + r["prefill"] <= r["ttft"] + 1e-12
-    assert d["ttft"] == pytest.approx(serving.percentile([r["ttft"] for r in res], 50))
+    assert d["ttft"] == pytest.approx(simulator.percentile([r["ttft"] for r in res], 50))
 
 
 # ---------------------------------------------------------------------------- the asyncio front end

@@ -57,7 +57,7 @@ def test_a_context_point_needs_its_stack_point():
 
 
 # ------------------------------------------------------------------ the fit to a running engine's steps
-from lib.engine import service_fit  # noqa: E402
+
 
 H, KNEE, ALPHA_S, BETA_P, D0_S, D1_S, BETA_S = 0.02, 1024.0, 2e-9, 4e-8, 5e-3, 1e-5, 3e-8
 
@@ -93,7 +93,7 @@ def service_run(gap: float = 2e-4, detail: bool = False):
 
 
 def test_service_fit_recovers_a_known_model_timed_start_to_start():
-    cm = service_fit.fit_steps([service_run()], SIZES)
+    cm = cost.fit_steps([service_run()], SIZES)
     assert (cm.decode_s, cm.decode_s_per_seq, cm.decode_s_per_kv_token) == pytest.approx((D0_S, D1_S, BETA_S), rel=1e-6)
     p = cm.prefill
     assert p.prefill_s_per_work == pytest.approx(ALPHA_S, rel=1e-6)
@@ -104,38 +104,38 @@ def test_service_fit_recovers_a_known_model_timed_start_to_start():
 
 def test_periods_run_to_the_next_start_only_while_requests_run():
     run = service_run(gap=0.001)
-    per = service_fit.periods(run)
+    per = cost.periods(run)
     for s, nxt, p in zip(run, run[1:], per):
         if s["running"]:
             assert p["period"] == pytest.approx(nxt["start"] - s["start"])
         else:  # the engine waited for arrivals: the wait is no step's cost
             assert p["period"] == pytest.approx(s["end"] - s["start"]) and nxt["start"] - s["end"] > 0.5
     # timed by their own length the steps come out shorter than the model: the gaps are part of the cost
-    short = service_fit.fit_steps([[{**s, "running": 0} for s in run]], SIZES)
+    short = cost.fit_steps([[{**s, "running": 0} for s in run]], SIZES)
     assert short.decode_s < D0_S - 5e-4
 
 
 def test_service_fit_refuses_too_few_steps():
     with pytest.raises(ValueError, match="longer run"):
-        service_fit.fit_steps([service_run()[:3]], SIZES)
+        cost.fit_steps([service_run()[:3]], SIZES)
 
 
 def test_detailed_service_fit_recovers_the_terms_token_counts_cannot_carry():
     run = service_run(detail=True)
-    cm = service_fit.fit_steps([run], SIZES, detail=True)
+    cm = cost.fit_steps([run], SIZES, detail=True)
     assert (cm.gamma_s_per_ctx_token, cm.eta_s_per_prefill) == pytest.approx((GAMMA_S, ETA_S), rel=1e-6)
     assert cm.base.decode_s == pytest.approx(D0_S, rel=1e-6)
     # asked as the simulator asks it, it gives each step's period back
-    for s, p in zip(run, service_fit.periods(run)):
+    for s, p in zip(run, cost.periods(run)):
         if s["running"]:
             got = cm.step_detail(s["prefill_tokens"] + s["decode_tokens"], s["prefill_work"],
                                  s["decode_kv"] + s["decode_tokens"], prefills=s["batch"] - s["decode_tokens"],
                                  decode_ctx_max=s["decode_ctx_max"])
             assert got == pytest.approx(p["period"], rel=1e-6)
     # the fit of token counts alone cannot: it misses steps by more
-    plain = service_fit.fit_steps([run], SIZES)
+    plain = cost.fit_steps([run], SIZES)
     worst = max(abs(plain.step(s["prefill_tokens"] + s["decode_tokens"], s["prefill_work"], s["decode_kv"]
-                               + s["decode_tokens"]) / p["period"] - 1) for s, p in zip(run, service_fit.periods(run))
+                               + s["decode_tokens"]) / p["period"] - 1) for s, p in zip(run, cost.periods(run))
                 if s["running"])
     assert worst > 0.05
 
@@ -143,4 +143,4 @@ def test_detailed_service_fit_recovers_the_terms_token_counts_cannot_carry():
 def test_a_detailed_fit_of_records_without_the_detail_is_refused():
     run = [{k: v for k, v in s.items() if k != "decode_ctx_max"} for s in service_run()]
     with pytest.raises(ValueError, match="detail=False"):
-        service_fit.fit_steps([run], SIZES, detail=True)
+        cost.fit_steps([run], SIZES, detail=True)

@@ -13,7 +13,7 @@ import weakref
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from lib import serving
+from lib import simulator
 from lib.engine import EngineConfig, EngineOverloaded, LLMEngine, RequestError, SamplingParams
 from lib.engine.metrics import PrometheusExporter
 from lib.engine.runner import StepResult
@@ -21,7 +21,7 @@ from lib.engine.scheduler import EngineCache
 from lib.engine.server import AsyncEngine, open_loop
 from lib.kv_pool import KVPool
 
-COST = serving.MeasuredCostModel.fitted([1, 64, 1024, 8192], [0.004, 0.0042, 0.012, 0.09], 1e-12, 0.0005, 2e-9)
+COST = simulator.MeasuredCostModel.fitted([1, 64, 1024, 8192], [0.004, 0.0042, 0.012, 0.09], 1e-12, 0.0005, 2e-9)
 HANG = 30.0  # seconds: reached only if the front end hangs; every test here takes milliseconds
 
 

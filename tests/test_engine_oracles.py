@@ -272,7 +272,7 @@ def test_the_stages_of_a_preempted_request_add_up_to_its_ttft():
     """B of ``preemption_run``: queued 0, its only prefill before its first token 1 s (step 2), TTFT 1: the
     rest is 0. Its recomputation (step 9) comes after its first token and is no part of its TTFT. The
     simulator, run on the same workload with the same settings, counts the same."""
-    from lib import serving
+    from lib import simulator
 
     e, (a, b, c) = preemption_run()
     r = by_id(e)[b]
@@ -281,7 +281,7 @@ def test_the_stages_of_a_preempted_request_add_up_to_its_ttft():
     assert by_id(e)[c]["prefill"] == 1.0  # step 9 only
     wl = [{"id": x["id"], "arrival": x["arrival"], "input": x["input"], "output": x["output"]} for x in e.results()]
     cfg = EngineConfig(max_num_seqs=2, block_size=2, max_model_len=64, enable_prefix_caching=False)
-    sim = {x["id"]: x for x in serving.simulate(wl, Unit(), cfg.as_policy(kv_capacity=10))}
+    sim = {x["id"]: x for x in simulator.simulate(wl, Unit(), cfg.as_policy(kv_capacity=10))}
     assert sim[b]["preemptions"] == 1 and (sim[b]["prefill"], sim[b]["ttft"]) == (1.0, 1.0)
 
 
@@ -468,12 +468,12 @@ def test_the_engine_summary_reads_the_simulator_s_results():
     """The simulator's results have no "itl": the engine's summary gives the simulator's percentiles, no ITL
     (NaN) and the means of what there is. The chunked run's own workload through the simulator, with the
     engine's settings: the same latencies (see ``chunked_run``), R3's missing TPOT left out of the mean."""
-    from lib import serving
+    from lib import simulator
 
     e, _ = chunked_run()
     wl = [{"id": r["id"], "arrival": r["arrival"], "input": r["input"], "output": r["output"]} for r in e.results()]
     cfg = EngineConfig(max_num_seqs=8, max_num_batched_tokens=4, block_size=2, max_model_len=64)
-    sim = serving.simulate(wl, Unit(), cfg.as_policy())
+    sim = simulator.simulate(wl, Unit(), cfg.as_policy())
     s = summary(sim)
     assert all(math.isnan(s[f"itl_p{p}"]) for p in (50, 95, 99))
     assert {k: s[k] for k in ("ttft_p50", "tpot_p50", "e2e_p50", "queue_p50")} == {
@@ -582,7 +582,7 @@ def test_the_virtual_runner_gives_tokens_of_the_vocabulary_no_graph_and_takes_a_
 def test_results_name_each_request_s_bucket_and_an_unfinished_request_has_no_latencies():
     """Queues by prompt length: a 2-token prompt falls in "short" (at most 4 tokens), a 6-token one in "long"
     (the last bucket takes the rest). A request not yet run has no TTFT, decode time or gaps."""
-    from lib.serving import Bucket
+    from lib.simulator import Bucket
 
     e = engine(max_num_seqs=4, num_blocks=20, buckets=(Bucket("short", 4), Bucket("long", 64)))
     s, lo = e.add_request([1, 2], sp(1)), e.add_request([1, 2, 3, 4, 5, 6], sp(1))

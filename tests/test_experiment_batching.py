@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from lib import models, serving, workloads
+from lib import models, simulator, workloads
 from lib.experiments import batching as bt
 
 
@@ -41,8 +41,34 @@ def test_smoke_data_structure(smoke):
     assert [(r["kind"], r["new"], r["ctx"]) for r in d["points"]] == expected
     for r in d["points"]:
         assert r["timing"]["gpu_us"]["n"] == p["reps"] and r["timing"]["gpu_us"]["median"] > 0
-    cal = bt.fit_cost_model(d["points"])  # whatever the CPU's noise, the fit gives costs >= 0
-    assert min(cal.alpha, cal.beta, cal.delta) >= 0 and len(cal.points) == len(expected)
+    assert len(bt.fit_cost_model(d["points"]).points) == len(expected)
+
+
+def timed(kind, new, ctx, seconds):
+    us = seconds * 1e6
+    return {"kind": kind, "new": new, "ctx": ctx,
+            "timing": {"gpu_us": {"median": us, "q1": us, "q3": us, "n": 1}, "call_us": {"median": us}}}
+
+
+def test_the_fit_recovers_the_constants_its_points_were_made_from():
+    """Points worked from known constants: S(M) = 1 ms + 1 us M, alpha 2 ps per unit of work, a decode step of
+    B requests over L tokens S(B) + delta + beta B L with delta 0.5 ms and beta 3 ns (B a stack M, so S(B) is
+    a measured point). A stack point is S(M) + alpha M^2 / 2, a context point S(new) + alpha new (ctx + new / 2).
+    The fit must give back alpha, beta, delta and S, and predict every point."""
+    alpha, beta, delta = 2e-12, 3e-9, 5e-4
+
+    def s_of(m):
+        return 1e-3 + 1e-6 * m
+
+    pts = [timed("stack", m, 0, s_of(m) + alpha * m * m / 2) for m in (1, 4, 16, 64)]
+    pts += [timed("context", n, c, s_of(n) + alpha * n * (c + n / 2)) for n in (4, 16) for c in (1000, 4000)]
+    pts += [timed("decode", b, n, s_of(b) + delta + beta * b * n) for b in (1, 4) for n in (100, 1000)]
+    cal = bt.fit_cost_model(pts)
+    assert cal.alpha == pytest.approx(alpha, rel=1e-6)
+    assert cal.beta == pytest.approx(beta, rel=1e-6)
+    assert cal.delta == pytest.approx(delta, rel=1e-6)
+    assert list(cal.cost.linear_s) == pytest.approx([s_of(m) for m in (1, 4, 16, 64)], rel=1e-9)
+    assert cal.fit_err.max() < 1e-6
 
 
 def test_decode_points_beyond_the_kv_limit_are_skipped():
@@ -122,17 +148,17 @@ def test_fit_recovers_known_constants():
 
 def flat_cost(step_s):
     """Every step takes step_s seconds, whatever it does."""
-    return serving.MeasuredCostModel.fitted([1, 10**9], [step_s, step_s], prefill_s_per_work=0.0, decode_fixed_s=0.0,
+    return simulator.MeasuredCostModel.fitted([1, 10**9], [step_s, step_s], prefill_s_per_work=0.0, decode_fixed_s=0.0,
                                             decode_s_per_kv_token=0.0)
 
 
 def test_simulations_run_the_requests_asked_for_whatever_a_step_costs():
-    cont = serving.Policy("continuous", max_running=16, token_budget=4096, chunk=1024)
+    cont = simulator.Policy("continuous", max_running=16, token_budget=4096, chunk=1024)
     for step_s in (1e-3, 1e3):  # a step of a millisecond or of a quarter of an hour: the same work
         cost = flat_cost(step_s)
         res, s = bt.at_rate(cost, cont, 5.0, MIX, n=20)
         assert len(res) == 20 and set(s) == {"all", "chat", "doc"} and s["all"]["requests"] == 20
-        loads = bt.load_sweep(cost, {"static": serving.Policy("static", max_batch=8), "continuous": cont},
+        loads = bt.load_sweep(cost, {"static": simulator.Policy("static", max_batch=8), "continuous": cont},
                               rates=(0.5, 1.0), capacities={"static": 1.0, "continuous": 4.0}, mix=MIX, n=12)
         assert list(loads.index) == [(0.5, "static"), (0.5, "continuous"), (1.0, "static"), (1.0, "continuous")]
         # each rate is a load on the policy's own capacity; at or above it the policy is saturated
@@ -146,8 +172,8 @@ def test_simulations_run_the_requests_asked_for_whatever_a_step_costs():
 
 def test_incident_and_breakdown_tables():
     cost = flat_cost(2e-3)
-    configs = {"before": serving.Policy("continuous", max_running=8, token_budget=2048, prefill_first=True),
-               "fix": serving.Policy("continuous", max_running=8, token_budget=2048, chunk=512)}
+    configs = {"before": simulator.Policy("continuous", max_running=8, token_budget=2048, prefill_first=True),
+               "fix": simulator.Policy("continuous", max_running=8, token_budget=2048, chunk=512)}
     table, per_config = bt.incident(cost, configs, 4.0, MIX, n=30, n_saturated=20, slo_ttft=0.05, slo_tpot=0.01)
     assert list(table.index) == ["before", "fix"] and set(per_config) == {"before", "fix"}
     assert all(len(d) == 30 for d in per_config.values())
@@ -171,7 +197,7 @@ def test_running_over_time_hand_worked():
 
 
 def test_simulation_sizes_must_be_positive_request_counts():
-    cost, cont = flat_cost(1e-3), serving.Policy("continuous")
+    cost, cont = flat_cost(1e-3), simulator.Policy("continuous")
     for bad in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match="positive int"):
             bt.saturated(cost, cont, MIX, bad)
@@ -189,7 +215,7 @@ def test_points_frame_columns():
 
 def test_load_sweep_needs_every_policys_capacity():
     with pytest.raises(ValueError, match="own capacity.*'static'"):
-        bt.load_sweep(flat_cost(1e-3), {"static": serving.Policy("static", max_batch=8)}, rates=(1.0,),
+        bt.load_sweep(flat_cost(1e-3), {"static": simulator.Policy("static", max_batch=8)}, rates=(1.0,),
                       capacities={"continuous": 4.0}, mix=MIX, n=5)
 
 
@@ -198,7 +224,7 @@ def test_capacity_is_where_a_policy_saturates():
     # continuous policy yields 4 tokens a step whenever four decode, so its capacity is at most
     # 4 / 0.01 / 10 = 40 requests/s; above it, delivered tokens/s cannot follow the arrivals
     fixed = (("chat", {"input": (64, 0.0, 64, 64), "output": (10, 0.0, 10, 10)}, 1.0),)
-    cont = serving.Policy("continuous", max_running=4, token_budget=4096)
+    cont = simulator.Policy("continuous", max_running=4, token_budget=4096)
     cap = bt.capacities(flat_cost(1e-2), {"continuous": cont}, fixed, n_saturated=40, n=40)["continuous"]
     assert 0.8 * 40 <= cap <= 40
     over = bt.load_sweep(flat_cost(1e-2), {"continuous": cont}, rates=(2 * cap,), capacities={"continuous": cap},

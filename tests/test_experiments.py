@@ -19,12 +19,14 @@ from lib.experiments import (
     prefix_caching,
     quantization,
     roofline,
-    serving_engine,
+)
+from lib.experiments import (
+    engine as engine_experiment,
 )
 
 EXPERIMENTS = {"00-the-machine": machine, "01-matrix-shapes": matrix_shapes, "02-roofline": roofline,
                "03-kv-cache": kv_cache, "04-grouped-gemm": grouped_gemm, "05-prefix-caching": prefix_caching,
-               "06-batching": batching, "07-decode-step": decode_step, "08-serving-engine": serving_engine,
+               "06-batching": batching, "07-decode-step": decode_step, "08-serving-engine": engine_experiment,
                "09-quantization": quantization, "10-parallelism": parallelism}
 
 
@@ -41,8 +43,8 @@ def test_an_unknown_size_is_refused(notebook):
         EXPERIMENTS[notebook].sweep("medium")
 
 
-def test_serving_engine_stores_floats_to_a_tenth_of_a_microsecond_and_nan_as_none():
-    f = serving_engine._none_for_nan
+def test_the_engine_experiment_stores_floats_to_a_tenth_of_a_microsecond_and_nan_as_none():
+    f = engine_experiment._none_for_nan
     assert f(float("nan")) is None
     assert f(0.032338243999987526) == 0.0323382 and f(12.34567891) == 12.3456789
     assert f(7) == 7 and f(True) is True and f(None) is None and f("chat") == "chat"

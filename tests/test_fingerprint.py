@@ -46,7 +46,7 @@ def edited(path, old, new):
 
 def test_the_closure_is_found_from_the_imports(book):
     fp = fingerprint.fingerprint("05-prefix-caching", book)
-    assert "lib/kv_pool.py" in fp["sources"]  # reached through lib.model, never named by the notebook
+    assert "lib/kv_pool.py" in fp["sources"]  # reached through lib.models, never named by the notebook
     assert "lib/bench/results.py" not in fp["sources"] and "lib/bench/glue.py" not in fp["sources"]
     assert "lib/kv_pool.py" not in fingerprint.fingerprint("03-kv-cache", book)["sources"]
 

@@ -1,4 +1,4 @@
-"""lib.serving and lib.workloads: the cost model, the policy, the metrics, and properties of the simulator
+"""lib.simulator and lib.workloads: the cost model, the policy, the metrics, and properties of the simulator
 over random workloads and policies (every request finishes once with every token, token times move
 forward, limits hold, runs are reproducible). Hand-worked traces are in test_serving_traces.py."""
 
@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lib import serving, workloads
+from lib import simulator, workloads
 
-simulate_module = importlib.import_module("lib.serving.simulate")  # the module, which the function's name hides
+simulate_module = importlib.import_module("lib.simulator.simulate")  # the module, which the function's name hides
 
 # a model like chapter 6's fit: a forward pass of 1.8 ms up to ~100 tokens, compute-bound beyond
-COST = serving.MeasuredCostModel.fitted([16, 64, 256, 1024, 4096, 16384], [1.8e-3, 1.75e-3, 2.2e-3, 4.8e-3, 15.4e-3, 39.6e-3],
+COST = simulator.MeasuredCostModel.fitted([16, 64, 256, 1024, 4096, 16384], [1.8e-3, 1.75e-3, 2.2e-3, 4.8e-3, 15.4e-3, 39.6e-3],
                                         prefill_s_per_work=5e-10, decode_fixed_s=1e-4, decode_s_per_kv_token=9e-9,
                                         overhead_s=2e-4)
 MIX = (("chat", workloads.CHAT, 0.8), ("docs", workloads.LONG_DOC, 0.2))
@@ -137,17 +137,17 @@ def check_trace(reqs, res, trace, policy):
 
 
 POLICIES = [
-    serving.Policy("static", max_batch=8),
-    serving.Policy("dynamic", max_batch=8, max_wait=0.02),
-    serving.Policy("continuous", token_budget=4096, max_running=32),
-    serving.Policy("continuous", token_budget=4096, chunk=512),
-    serving.Policy("continuous", token_budget=4096, chunk=512, kv_capacity=40000),
-    serving.Policy("continuous", token_budget=4096, max_running=32, prefill_first=True),
-    serving.Policy("continuous", token_budget=4096, chunk=1024, buckets=(
-        serving.Bucket("short", 2048, priority=0), serving.Bucket("long", 10**9, priority=1, max_running=2))),
-    serving.Policy("continuous", token_budget=16384, max_running=64, max_wait=0.05, prefill_first=True),
-    serving.Policy("continuous", token_budget=2048, chunk=1024, kv_capacity=40000, buckets=(
-        serving.Bucket("short", 2048, priority=0, max_wait=0.0), serving.Bucket("long", 10**9, priority=1, max_wait=0.1))),
+    simulator.Policy("static", max_batch=8),
+    simulator.Policy("dynamic", max_batch=8, max_wait=0.02),
+    simulator.Policy("continuous", token_budget=4096, max_running=32),
+    simulator.Policy("continuous", token_budget=4096, chunk=512),
+    simulator.Policy("continuous", token_budget=4096, chunk=512, kv_capacity=40000),
+    simulator.Policy("continuous", token_budget=4096, max_running=32, prefill_first=True),
+    simulator.Policy("continuous", token_budget=4096, chunk=1024, buckets=(
+        simulator.Bucket("short", 2048, priority=0), simulator.Bucket("long", 10**9, priority=1, max_running=2))),
+    simulator.Policy("continuous", token_budget=16384, max_running=64, max_wait=0.05, prefill_first=True),
+    simulator.Policy("continuous", token_budget=2048, chunk=1024, kv_capacity=40000, buckets=(
+        simulator.Bucket("short", 2048, priority=0, max_wait=0.0), simulator.Bucket("long", 10**9, priority=1, max_wait=0.1))),
 ]
 
 
@@ -155,10 +155,10 @@ POLICIES = [
 def test_every_request_finishes_once_and_runs_are_reproducible(policy):
     reqs = workloads.requests(300, 4.0, mix=MIX, seed=7)
     trace = []
-    res = serving.simulate(reqs, COST, policy, trace=trace)
+    res = simulator.simulate(reqs, COST, policy, trace=trace)
     check_accounting(reqs, res)
     check_trace(reqs, res, trace, policy)
-    assert serving.simulate(reqs, COST, policy) == res  # same input, same output, bit for bit
+    assert simulator.simulate(reqs, COST, policy) == res  # same input, same output, bit for bit
 
 
 @st.composite
@@ -170,11 +170,11 @@ def policies(draw):
     if kind == "continuous":
         kw["chunk"] = draw(st.one_of(st.none(), st.integers(1, 64)))
         if draw(st.booleans()):
-            kw["buckets"] = (serving.Bucket("short", 16, priority=draw(st.integers(0, 1)),
+            kw["buckets"] = (simulator.Bucket("short", 16, priority=draw(st.integers(0, 1)),
                                             max_wait=draw(st.sampled_from([None, 0.0, 0.01]))),
-                             serving.Bucket("long", 10**6, priority=draw(st.integers(0, 1)),
+                             simulator.Bucket("long", 10**6, priority=draw(st.integers(0, 1)),
                                             max_running=draw(st.one_of(st.none(), st.integers(1, 3)))))
-    return serving.Policy(kind, **kw)
+    return simulator.Policy(kind, **kw)
 
 
 @st.composite
@@ -189,7 +189,7 @@ def small_workloads(draw):
     return reqs
 
 
-SMALL_COST = serving.MeasuredCostModel.fitted([1, 64], [1e-3, 2e-3], prefill_s_per_work=1e-6, decode_fixed_s=1e-4,
+SMALL_COST = simulator.MeasuredCostModel.fitted([1, 64], [1e-3, 2e-3], prefill_s_per_work=1e-6, decode_fixed_s=1e-4,
                                               decode_s_per_kv_token=1e-6, overhead_s=1e-4)
 
 
@@ -200,28 +200,28 @@ def test_small_random_workloads_and_policies(reqs, policy, seed):
     agrees with the results and with the policy's limits; the order the requests are given in does not
     matter; the run is deterministic."""
     trace = []
-    res = serving.simulate(reqs, SMALL_COST, policy, trace=trace)
+    res = simulator.simulate(reqs, SMALL_COST, policy, trace=trace)
     check_accounting(reqs, res)
     check_trace(reqs, res, trace, policy)
     shuffled = list(reqs)
     random.Random(seed).shuffle(shuffled)
-    assert serving.simulate(shuffled, SMALL_COST, policy) == res
+    assert simulator.simulate(shuffled, SMALL_COST, policy) == res
 
 
 @settings(max_examples=30, deadline=None)
 @given(n=st.integers(1, 40), rate=st.floats(0.5, 50), seed=st.integers(0, 10**6), which=st.integers(0, len(POLICIES) - 1))
 def test_random_workloads_and_policies(n, rate, seed, which):
     reqs = workloads.requests(n, rate, mix=MIX, seed=seed)
-    check_accounting(reqs, serving.simulate(reqs, COST, POLICIES[which]))
+    check_accounting(reqs, simulator.simulate(reqs, COST, POLICIES[which]))
 
 
 # ---------------------------------------------------------------------------- what the policies do, at scale
 
 def test_preemption_recomputes_and_still_finishes():
     reqs = workloads.requests(200, 20.0, mix=MIX, seed=2)
-    policy = serving.Policy("continuous", token_budget=8192, chunk=1024, kv_capacity=40000)
+    policy = simulator.Policy("continuous", token_budget=8192, chunk=1024, kv_capacity=40000)
     trace = []
-    res = serving.simulate(reqs, COST, policy, trace=trace)
+    res = simulator.simulate(reqs, COST, policy, trace=trace)
     check_accounting(reqs, res)
     check_trace(reqs, res, trace, policy)
     assert sum(r["preemptions"] for r in res) > 0
@@ -229,8 +229,8 @@ def test_preemption_recomputes_and_still_finishes():
 
 def test_chunked_prefill_shortens_short_requests_wait_behind_long_ones():
     reqs = workloads.requests(600, 6.0, mix=MIX, seed=3)
-    whole = serving.summary(serving.simulate(reqs, COST, serving.Policy("continuous", token_budget=32768)), "chat")
-    chunked = serving.summary(serving.simulate(reqs, COST, serving.Policy("continuous", token_budget=32768, chunk=1024)),
+    whole = simulator.summary(simulator.simulate(reqs, COST, simulator.Policy("continuous", token_budget=32768)), "chat")
+    chunked = simulator.summary(simulator.simulate(reqs, COST, simulator.Policy("continuous", token_budget=32768, chunk=1024)),
                               "chat")
     assert chunked["ttft_p95"] < whole["ttft_p95"]
 
@@ -238,10 +238,10 @@ def test_chunked_prefill_shortens_short_requests_wait_behind_long_ones():
 def test_prefill_first_makes_running_requests_wait():
     """With prefill pre-empting decode, steps that prefill run no decode: decode gaps grow."""
     reqs = workloads.requests(300, 6.0, mix=MIX, seed=9)
-    mixed = serving.simulate(reqs, COST, serving.Policy("continuous", token_budget=8192))
-    first = serving.simulate(reqs, COST, serving.Policy("continuous", token_budget=8192, prefill_first=True))
+    mixed = simulator.simulate(reqs, COST, simulator.Policy("continuous", token_budget=8192))
+    first = simulator.simulate(reqs, COST, simulator.Policy("continuous", token_budget=8192, prefill_first=True))
     check_accounting(reqs, first)
-    assert serving.percentile([r["itl_max"] for r in first], 95) > serving.percentile([r["itl_max"] for r in mixed], 95)
+    assert simulator.percentile([r["itl_max"] for r in first], 95) > simulator.percentile([r["itl_max"] for r in mixed], 95)
 
 
 class Recording:
@@ -263,7 +263,7 @@ def test_a_detailed_cost_hears_how_many_prompts_and_the_longest_decode():
     decode); step 2 decodes both (KV 4 + 1 and 10 + 1: the longest 11); B is done, step 3 decodes A (4 + 2)."""
     cost = Recording()
     reqs = [{"id": 0, "arrival": 0.0, "input": 4, "output": 3}, {"id": 1, "arrival": 0.0, "input": 10, "output": 2}]
-    res = serving.simulate(reqs, cost, serving.Policy("continuous", token_budget=64))
+    res = simulator.simulate(reqs, cost, simulator.Policy("continuous", token_budget=64))
     assert cost.calls == [(14, 0, 2, 0), (2, 16, 0, 11), (1, 6, 0, 6)]
     assert [r["e2e"] for r in res] == pytest.approx([3e-3, 2e-3])
 
@@ -277,31 +277,33 @@ def test_a_batching_window_holds_prompts_until_it_closes_or_fills():
     reqs = [{"id": 0, "arrival": 0.0, "kind": "a", "input": 10, "output": 2},
             {"id": 1, "arrival": 0.001, "kind": "a", "input": 10, "output": 2},
             {"id": 2, "arrival": 1.0, "kind": "a", "input": 10, "output": 2}]
-    held = serving.simulate(reqs, Microsecond(), serving.Policy("continuous", max_wait=0.05, token_budget=1000))
+    held = simulator.simulate(reqs, Microsecond(), simulator.Policy("continuous", max_wait=0.05, token_budget=1000))
     assert held[0]["queue"] == pytest.approx(0.05) and held[1]["queue"] == pytest.approx(0.049)
     assert held[2]["queue"] == 0.0  # the last arrival: nothing more to wait for
-    full = serving.simulate(reqs, Microsecond(), serving.Policy("continuous", max_wait=0.05, token_budget=20))
+    full = simulator.simulate(reqs, Microsecond(), simulator.Policy("continuous", max_wait=0.05, token_budget=20))
     assert full[0]["queue"] == pytest.approx(0.001)  # two prompts fill the budget: the window closes early
-    short = serving.Bucket("short", 10, 0, None, 0.0)
-    long_ = serving.Bucket("long", 10**6, 1)
-    split = serving.simulate(reqs, Microsecond(), serving.Policy("continuous", max_wait=0.05, buckets=(short, long_)))
+    short = simulator.Bucket("short", 10, 0, None, 0.0)
+    long_ = simulator.Bucket("long", 10**6, 1)
+    split = simulator.simulate(reqs, Microsecond(), simulator.Policy("continuous", max_wait=0.05, buckets=(short, long_)))
     assert split[0]["queue"] == 0.0  # the short bucket has no window
-    own = serving.simulate(reqs, Microsecond(), serving.Policy("continuous", buckets=(serving.Bucket("w", 10, max_wait=0.02),)))
+    own = simulator.simulate(reqs, Microsecond(),
+                             simulator.Policy("continuous", buckets=(simulator.Bucket("w", 10, max_wait=0.02),)))
     assert own[0]["queue"] == pytest.approx(0.02)  # a bucket's own window, the policy having none
-    unused = serving.simulate(reqs, Microsecond(), serving.Policy("static", max_batch=1, max_wait=0.05))
+    unused = simulator.simulate(reqs, Microsecond(), simulator.Policy("static", max_batch=1, max_wait=0.05))
     assert unused[0]["queue"] == 0.0  # static batching has no window: max_wait is not used
 
 
 def test_dynamic_batch_starts_when_full_before_its_deadline():
     reqs = [{"id": i, "arrival": 0.001 * i, "input": 4, "output": 1} for i in range(3)]
-    res = serving.simulate(reqs, Microsecond(), serving.Policy("dynamic", max_batch=2, max_wait=1.0))
+    res = simulator.simulate(reqs, Microsecond(), simulator.Policy("dynamic", max_batch=2, max_wait=1.0))
     assert [r["queue"] for r in res] == pytest.approx([0.001, 0.0, 0.0])  # 0, 1 at 1 ms; 2 is the last arrival
 
 
 def test_the_last_bucket_takes_prompts_longer_than_every_max_input():
     reqs = [{"id": 0, "arrival": 0.0, "input": 30, "output": 1}, {"id": 1, "arrival": 0.0, "input": 10, "output": 1},
             {"id": 2, "arrival": 0.0, "input": 11, "output": 1}]
-    res = serving.simulate(reqs, Microsecond(), serving.Policy(buckets=(serving.Bucket("a", 10), serving.Bucket("b", 20))))
+    res = simulator.simulate(reqs, Microsecond(),
+                             simulator.Policy(buckets=(simulator.Bucket("a", 10), simulator.Bucket("b", 20))))
     assert [r["bucket"] for r in res] == ["b", "a", "b"] and [r["kind"] for r in res] == ["", "", ""]
 
 
@@ -310,62 +312,62 @@ def test_the_last_bucket_takes_prompts_longer_than_every_max_input():
 def test_bad_configuration_and_requests_are_rejected():
     reqs = workloads.requests(5, 1.0, seed=0)
     with pytest.raises(ValueError, match=r"^kind must be 'static', 'dynamic' or 'continuous', got 'greedy'$"):
-        serving.Policy("greedy")
+        simulator.Policy("greedy")
     with pytest.raises(ValueError, match=r"^buckets need the continuous policy$"):
-        serving.Policy("static", buckets=(serving.Bucket("a", 10),))
+        simulator.Policy("static", buckets=(simulator.Bucket("a", 10),))
     with pytest.raises(ValueError, match=r"^chunk \(chunked prefill\) needs the continuous policy: a static or "
                                          r"dynamic batch prefills whole prompts$"):
-        serving.Policy("dynamic", chunk=64)
+        simulator.Policy("dynamic", chunk=64)
     with pytest.raises(ValueError, match=r"^buckets must be listed by increasing max_input$"):
-        serving.Policy(buckets=(serving.Bucket("a", 10), serving.Bucket("b", 5)))
+        simulator.Policy(buckets=(simulator.Bucket("a", 10), simulator.Bucket("b", 5)))
     with pytest.raises(ValueError, match=r"^buckets must be a tuple of Bucket"):
-        serving.Policy(buckets=(("a", 10),))
+        simulator.Policy(buckets=(("a", 10),))
     for bad in [dict(max_batch=0), dict(max_running=0), dict(token_budget=0), dict(token_budget=2.5),
                 dict(max_running=True)]:
         with pytest.raises(ValueError, match=r"^max_batch, max_running and token_budget must be whole numbers >= 1 "
                                              r"and max_wait >= 0 s; got " + re.escape(f"{bad}") + "$"):
-            serving.Policy(**bad)
+            simulator.Policy(**bad)
     for wait in (-0.1, math.nan, "1"):
         with pytest.raises(ValueError, match=r"max_wait >= 0 s; got \{'max_wait'"):
-            serving.Policy(max_wait=wait)
+            simulator.Policy(max_wait=wait)
     for chunk in (0, 1.5):
         with pytest.raises(ValueError, match=r"^chunk must be >= 1 tokens or None, got"):
-            serving.Policy(chunk=chunk)
+            simulator.Policy(chunk=chunk)
     for cap in (0, 10.5):
         with pytest.raises(ValueError, match=r"^kv_capacity must be a positive number of tokens or None, got"):
-            serving.Policy(kv_capacity=cap)
-    serving.Policy(kv_capacity=1, chunk=1, max_batch=1, max_running=1, token_budget=1, max_wait=0)  # the smallest allowed
-    serving.Policy(max_wait=np.float64(0.5), token_budget=np.int64(64))
+            simulator.Policy(kv_capacity=cap)
+    simulator.Policy(kv_capacity=1, chunk=1, max_batch=1, max_running=1, token_budget=1, max_wait=0)  # the smallest allowed
+    simulator.Policy(max_wait=np.float64(0.5), token_budget=np.int64(64))
     with pytest.raises(ValueError, match=r"more than the capacity 10: raise kv_capacity or drop the request$"):
-        serving.simulate(reqs, COST, serving.Policy(kv_capacity=10))
+        simulator.simulate(reqs, COST, simulator.Policy(kv_capacity=10))
     with pytest.raises(ValueError, match=r"^request 0 needs 11 tokens of KV, more than the capacity 10: raise "
                                          r"kv_capacity or drop the request$"):
-        serving.simulate([{"id": 0, "arrival": 0.0, "input": 6, "output": 5}], COST, serving.Policy(kv_capacity=10))
+        simulator.simulate([{"id": 0, "arrival": 0.0, "input": 6, "output": 5}], COST, simulator.Policy(kv_capacity=10))
     exact = [{"id": 0, "arrival": 0.0, "input": 6, "output": 4}]
-    assert serving.simulate(exact, COST, serving.Policy(kv_capacity=10))[0]["preemptions"] == 0  # exactly fits
+    assert simulator.simulate(exact, COST, simulator.Policy(kv_capacity=10))[0]["preemptions"] == 0  # exactly fits
     for k, v in [("input", 0), ("output", 0), ("output", -2)]:
         with pytest.raises(ValueError, match=rf"^request 0: {k} must be at least 1 token, got {v}$"):
-            serving.simulate([{"id": 0, "arrival": 0.0, "input": 3, "output": 3} | {k: v}], COST, serving.Policy())
-    serving.simulate([{"id": 0, "arrival": 0.0, "input": 1, "output": 1}], COST, serving.Policy())
+            simulator.simulate([{"id": 0, "arrival": 0.0, "input": 3, "output": 3} | {k: v}], COST, simulator.Policy())
+    simulator.simulate([{"id": 0, "arrival": 0.0, "input": 1, "output": 1}], COST, simulator.Policy())
     for t in (-1.0, math.inf):
         with pytest.raises(ValueError, match=r"^request 7: arrival .* must be a finite time >= 0 \(seconds\); a NaN"):
-            serving.simulate([{"id": 7, "arrival": t, "input": 3, "output": 3}], COST, serving.Policy())
+            simulator.simulate([{"id": 7, "arrival": t, "input": 3, "output": 3}], COST, simulator.Policy())
     for k, v in [("input", 1.9), ("input", 2.0), ("output", True), ("output", "3"), ("input", None)]:
         with pytest.raises(ValueError, match=rf"^request 4: {k} must be a whole number of tokens, got "
                                              rf"{re.escape(repr(v))}: round lengths before simulating"):
-            serving.simulate([{"id": 4, "arrival": 0.0, "input": 3, "output": 3} | {k: v}], COST, serving.Policy())
-    assert serving.simulate([{"id": 4, "arrival": 0.0, "input": np.int64(3), "output": 2}], COST,
-                            serving.Policy())[0]["input"] == 3  # a numpy integer is a whole number
+            simulator.simulate([{"id": 4, "arrival": 0.0, "input": 3, "output": 3} | {k: v}], COST, simulator.Policy())
+    assert simulator.simulate([{"id": 4, "arrival": 0.0, "input": np.int64(3), "output": 2}], COST,
+                            simulator.Policy())[0]["input"] == 3  # a numpy integer is a whole number
     for r, missing in [({"arrival": 0.0, "input": 3, "output": 3}, "['id']"), ({"id": 1, "input": 3}, "['arrival', 'output']"),
                        ((1, 0.0, 3, 3), "['id', 'arrival', 'input', 'output']")]:
         with pytest.raises(ValueError, match=rf"^request #1 \(.*\) lacks {re.escape(missing)}: each request is a dict"):
-            serving.simulate([{"id": 0, "arrival": 0.0, "input": 3, "output": 3}, r], COST, serving.Policy())
+            simulator.simulate([{"id": 0, "arrival": 0.0, "input": 3, "output": 3}, r], COST, simulator.Policy())
     for t in ("1", True, None):
         with pytest.raises(ValueError, match=r"^request 5: arrival .* must be a finite time >= 0"):
-            serving.simulate([{"id": 5, "arrival": t, "input": 3, "output": 3}], COST, serving.Policy())
+            simulator.simulate([{"id": 5, "arrival": t, "input": 3, "output": 3}], COST, simulator.Policy())
     twice = [{"id": 3, "arrival": 0.0, "input": 3, "output": 3}] * 2
     with pytest.raises(ValueError, match=r"^request ids must be unique: each result is reported under its request's id$"):
-        serving.simulate(twice, COST, serving.Policy())
+        simulator.simulate(twice, COST, simulator.Policy())
 
 
 def test_bad_buckets_are_rejected():
@@ -374,8 +376,8 @@ def test_bad_buckets_are_rejected():
                     (dict(max_input=10, max_running=0), "max_running must be at least 1 \\(or None for no cap\\)"),
                     (dict(max_input=10, max_wait=-1.0), "max_wait must be >= 0 s \\(or None for the policy's\\)")]:
         with pytest.raises(ValueError, match=rf"^bucket 'x': {msg}, got"):
-            serving.Bucket("x", **kw)
-    serving.Bucket("x", 1, max_running=1, max_wait=0.0)  # the smallest allowed
+            simulator.Bucket("x", **kw)
+    simulator.Bucket("x", 1, max_running=1, max_wait=0.0)  # the smallest allowed
 
 
 def test_bad_costs_and_times_are_rejected_not_simulated():
@@ -387,7 +389,7 @@ def test_bad_costs_and_times_are_rejected_not_simulated():
         workloads.arrival_times(3, math.inf)
     reqs = [{"id": 0, "arrival": float("nan"), "input": 8, "output": 2}]
     with pytest.raises(ValueError, match="arrival"):
-        serving.simulate(reqs, COST, serving.Policy())
+        simulator.simulate(reqs, COST, simulator.Policy())
 
     class Broken:
         def __init__(self, value):
@@ -396,10 +398,15 @@ def test_bad_costs_and_times_are_rejected_not_simulated():
         def step(self, tokens, prefill_ctx_work, decode_kv_tokens):
             return self.value
 
-    for value in (0.0, -1.0, math.nan, math.inf):
-        with pytest.raises(ValueError, match=rf"^the cost model gives {value!r} s for a step of 8 prefill and 0 decode "
-                                             r"tokens \(0 of KV\): a step must take a positive, finite time; check"):
-            serving.simulate([{"id": 0, "arrival": 0.0, "input": 8, "output": 2}], Broken(value), serving.Policy())
+    # a negative or non-finite step is refused by the step-cost protocol (lib.engine.cost.step_seconds), as
+    # the engine refuses it; a step of 0 s, which the engine allows, by the simulator, whose clock must move
+    for value in (-1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match=rf"^the cost model's step\(8, 32.0, 0\) returned {value!r}: a cost model "
+                                             r"must return the step's time in seconds, a finite float >= 0$"):
+            simulator.simulate([{"id": 0, "arrival": 0.0, "input": 8, "output": 2}], Broken(value), simulator.Policy())
+    with pytest.raises(ValueError, match=r"^the cost model gives 0.0 s for a step of 8 prefill and 0 decode "
+                                         r"tokens \(0 of KV\): a step must take a positive, finite time; check"):
+        simulator.simulate([{"id": 0, "arrival": 0.0, "input": 8, "output": 2}], Broken(0.0), simulator.Policy())
 
 
 def test_a_stuck_engine_fails_loudly_instead_of_spinning(monkeypatch):
@@ -421,7 +428,7 @@ def test_a_stuck_engine_fails_loudly_instead_of_spinning(monkeypatch):
                                            r"no prompt token prefilled for the first time\) at t=0.000000 s: 0 running; "
                                            r"1 queued; 0 of 2 done; 0 tokens of KV in use \(unbounded\); a bug in the "
                                            r"engine or the policy, not in the workload$"):
-        serving.simulate(reqs, Microsecond(), serving.Policy("static", max_batch=2))
+        simulator.simulate(reqs, Microsecond(), simulator.Policy("static", max_batch=2))
     assert len(calls) == 6 and simulate_module.STALL_LIMIT == 3
 
 
@@ -434,13 +441,13 @@ def test_a_finished_request_leaves_nothing_to_recompute_in_the_stall_limit(monke
     reqs = [{"id": i, "arrival": t, "input": 4, "output": 1} for i, t in enumerate((0.0, 0.0, 5.0, 6.0))]
     with pytest.raises(RuntimeError, match=r"^the simulation made no progress in 5 loop turns .* at t=5.000000 s: "
                                            r"0 running; 1 queued; 2 of 4 done; 0 tokens of KV in use \(unbounded\);"):
-        serving.simulate(reqs, Microsecond(), serving.Policy("static", max_batch=2))
+        simulator.simulate(reqs, Microsecond(), simulator.Policy("static", max_batch=2))
 
 
 def test_the_stuck_state_names_eight_running_requests_and_counts_the_rest():
     """The error's state lists the first 8 running requests (id, prefilled of target, generated of output)
     and counts the others; the KV capacity is named."""
-    policy = serving.Policy(kv_capacity=50)
+    policy = simulator.Policy(kv_capacity=50)
     reqs = [{"id": i, "arrival": 0.0, "input": 3, "output": 2} for i in range(10)]
     engine = simulate_module._Engine(simulate_module._requests(reqs, policy), Microsecond(), policy, None)
     engine.running = engine.requests[:10]
@@ -466,49 +473,49 @@ def test_an_empty_step_is_an_error_not_a_tick(monkeypatch):
     monkeypatch.setattr(simulate_module._Engine, "plan", empty)
     with pytest.raises(RuntimeError, match=r"^an empty step at t=0.000000 s with 1 running: the engine planned no "
                                            r"prefill and no decode$"):
-        serving.simulate([{"id": 0, "arrival": 0.0, "input": 4, "output": 1}], Microsecond(), serving.Policy())
+        simulator.simulate([{"id": 0, "arrival": 0.0, "input": 4, "output": 1}], Microsecond(), simulator.Policy())
 
 
 def test_a_policy_that_admits_nobody_when_no_more_will_arrive_is_an_error(monkeypatch):
     monkeypatch.setattr(simulate_module._Engine, "admit_continuous", lambda self: [])
     with pytest.raises(RuntimeError, match=r"^requests are queued but the policy can admit none of them: check the "
                                            r"bucket limits and the KV capacity$"):
-        serving.simulate([{"id": 0, "arrival": 0.0, "input": 4, "output": 1}], Microsecond(), serving.Policy())
+        simulator.simulate([{"id": 0, "arrival": 0.0, "input": 4, "output": 1}], Microsecond(), simulator.Policy())
 
 
 # ---------------------------------------------------------------------------- metrics
 
 def test_percentiles_by_hand():
     xs = [50.0, 10.0, math.nan, 40.0, 20.0, 30.0]  # sorted 10 .. 50 without the NaN: ranks 0 .. 4
-    assert serving.percentile(xs, 0) == 10.0 and serving.percentile(xs, 100) == 50.0
-    assert serving.percentile(xs, 50) == 30.0
-    assert serving.percentile(xs, 95) == pytest.approx(48.0)  # rank 3.8: 40 + 0.8 x 10
-    assert serving.percentile(xs, 99) == pytest.approx(49.6)  # rank 3.96
-    assert serving.percentile(xs, 10) == pytest.approx(14.0)  # rank 0.4
-    assert serving.percentile([1, 2, 3, 4], 50) == 2.5 and serving.percentile([5], 99) == 5
-    assert math.isnan(serving.percentile([], 50)) and math.isnan(serving.percentile([math.nan], 50))
+    assert simulator.percentile(xs, 0) == 10.0 and simulator.percentile(xs, 100) == 50.0
+    assert simulator.percentile(xs, 50) == 30.0
+    assert simulator.percentile(xs, 95) == pytest.approx(48.0)  # rank 3.8: 40 + 0.8 x 10
+    assert simulator.percentile(xs, 99) == pytest.approx(49.6)  # rank 3.96
+    assert simulator.percentile(xs, 10) == pytest.approx(14.0)  # rank 0.4
+    assert simulator.percentile([1, 2, 3, 4], 50) == 2.5 and simulator.percentile([5], 99) == 5
+    assert math.isnan(simulator.percentile([], 50)) and math.isnan(simulator.percentile([math.nan], 50))
     for p in (-50, -1, -1e-9, 100.5, 100 + 1e-9, math.nan, math.inf, "50", True, None):
         with pytest.raises(ValueError, match=rf"^p must be a percentile between 0 and 100, got {re.escape(repr(p))}$"):
-            serving.percentile(xs, p)
-    assert serving.percentile(xs, np.float64(50)) == 30.0 and serving.percentile(xs, np.int64(100)) == 50.0
+            simulator.percentile(xs, p)
+    assert simulator.percentile(xs, np.float64(50)) == 30.0 and simulator.percentile(xs, np.int64(100)) == 50.0
 
 
 @settings(max_examples=200, deadline=None)
 @given(xs=st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=30), p=st.floats(0, 100))
 def test_percentile_agrees_with_numpy(xs, p):
-    assert serving.percentile(xs, p) == pytest.approx(float(np.percentile(xs, p)), rel=1e-9, abs=1e-6)
+    assert simulator.percentile(xs, p) == pytest.approx(float(np.percentile(xs, p)), rel=1e-9, abs=1e-6)
 
 
 def test_summary_covers_every_metric():
     reqs = workloads.requests(100, 2.0, mix=MIX, seed=1)
-    res = serving.simulate(reqs, COST, serving.Policy())
-    s = serving.summary(res)
+    res = simulator.simulate(reqs, COST, simulator.Policy())
+    s = simulator.summary(res)
     assert list(s) == ["requests", "tokens_per_s"] + [f"{m}_p{p}" for m in ("ttft", "tpot", "e2e", "queue") for p in (50, 95, 99)]
     assert s["requests"] == 100 and s["ttft_p50"] <= s["ttft_p95"] <= s["ttft_p99"]
     span = max(r["arrival"] + r["e2e"] for r in res) - min(r["arrival"] for r in res)
     assert s["tokens_per_s"] == pytest.approx(sum(r["output"] for r in reqs) / span)
-    assert s["e2e_p50"] == serving.percentile([r["e2e"] for r in res], 50)
-    assert serving.summary([]) == {}
+    assert s["e2e_p50"] == simulator.percentile([r["e2e"] for r in res], 50)
+    assert simulator.summary([]) == {}
 
 
 def test_goodput_counts_only_requests_within_their_slos():
@@ -516,31 +523,31 @@ def test_goodput_counts_only_requests_within_their_slos():
            {"kind": "a", "arrival": 0.0, "e2e": 2.0, "ttft": 0.5, "tpot": 0.01, "tokens": 50},
            {"kind": "b", "arrival": 1.0, "e2e": 1.0, "ttft": 0.1, "tpot": 0.05, "tokens": 30},
            {"kind": "b", "arrival": 1.0, "e2e": 1.0, "ttft": 0.1, "tpot": math.nan, "tokens": 1}]
-    assert serving.goodput(res, 0.2, 0.02) == pytest.approx(101 / 2.0)
-    assert serving.goodput(res, 1.0, 1.0, kind="a") == pytest.approx(150 / 2.0)
-    assert serving.goodput(res, 0.5, 0.05) == pytest.approx(181 / 2.0)  # both limits inclusive
+    assert simulator.goodput(res, 0.2, 0.02) == pytest.approx(101 / 2.0)
+    assert simulator.goodput(res, 1.0, 1.0, kind="a") == pytest.approx(150 / 2.0)
+    assert simulator.goodput(res, 0.5, 0.05) == pytest.approx(181 / 2.0)  # both limits inclusive
     with pytest.raises(ValueError, match=r"^goodput of no requests: a run's tokens/s needs its span, from the first "
                                          r"arrival to the last finish; simulate at least one request$"):
-        serving.goodput([], 1.0, 1.0)
-    assert serving.goodput(res, 1.0, 1.0, kind="c") == 0.0  # a kind with no request: none met its SLOs
-    assert serving.goodput(res, math.inf, math.inf) == pytest.approx(181 / 2.0)  # no limit: every token counts
+        simulator.goodput([], 1.0, 1.0)
+    assert simulator.goodput(res, 1.0, 1.0, kind="c") == 0.0  # a kind with no request: none met its SLOs
+    assert simulator.goodput(res, math.inf, math.inf) == pytest.approx(181 / 2.0)  # no limit: every token counts
     short = [{"kind": "a", "arrival": 0.0, "e2e": 0.5, "ttft": 0.1, "tpot": 0.01, "queue": 0.0, "tokens": 10}]
-    assert serving.goodput(short, 1.0, 1.0) == 20.0 and serving.summary(short)["tokens_per_s"] == 20.0  # a span < 1 s
+    assert simulator.goodput(short, 1.0, 1.0) == 20.0 and simulator.summary(short)["tokens_per_s"] == 20.0  # a span < 1 s
     instant = [{"kind": "a", "arrival": 1.0, "e2e": 0.0, "ttft": 0.0, "tpot": math.nan, "queue": 0.0, "tokens": 1}]
-    assert math.isnan(serving.goodput(instant, 1.0, 1.0)) and math.isnan(serving.summary(instant)["tokens_per_s"])
+    assert math.isnan(simulator.goodput(instant, 1.0, 1.0)) and math.isnan(simulator.summary(instant)["tokens_per_s"])
     for slos in [(0.0, 0.02), (0.2, 0.0), (-0.2, 0.02), (math.nan, 0.02), (0.2, math.nan), ("0.2", 0.02), (0.2, True),
                  (None, 0.02)]:
         with pytest.raises(ValueError, match=rf"^SLOs must be positive seconds, got TTFT {re.escape(repr(slos[0]))} "
                                              rf"and TPOT {re.escape(repr(slos[1]))}$"):
-            serving.goodput(res, *slos)
+            simulator.goodput(res, *slos)
         with pytest.raises(ValueError, match=r"^SLOs must be positive seconds"):
-            serving.goodput([], *slos)  # the SLOs are checked first, whatever the results
+            simulator.goodput([], *slos)  # the SLOs are checked first, whatever the results
 
 
 # ---------------------------------------------------------------------------- the cost model
 
 def test_cost_model_interpolates_log_log():
-    m = serving.MeasuredCostModel((10, 100, 1000), (1e-3, 1e-2, 2e-2), prefill_s_per_work=0.0, decode_fixed_s=0.0,
+    m = simulator.MeasuredCostModel((10, 100, 1000), (1e-3, 1e-2, 2e-2), prefill_s_per_work=0.0, decode_fixed_s=0.0,
                                   decode_s_per_kv_token=0.0)
     assert m.linear(10) == 1e-3 and m.linear(1) == 1e-3 and m.linear(100) == pytest.approx(1e-2)
     assert m.linear(50) == pytest.approx(5e-3)  # 10 .. 100: t grows as M (slope 1 on log-log axes)
@@ -551,7 +558,7 @@ def test_cost_model_interpolates_log_log():
 
 def test_cost_model_adds_its_terms_by_hand():
     """step = overhead + linear(M) + prefill_s_per_work W + [K > 0] (decode_fixed + decode_s_per_kv_token K)."""
-    cm = serving.MeasuredCostModel.fitted([10, 100, 1000], [1e-3, 1e-2, 2e-2], prefill_s_per_work=1e-9,
+    cm = simulator.MeasuredCostModel.fitted([10, 100, 1000], [1e-3, 1e-2, 2e-2], prefill_s_per_work=1e-9,
                                           decode_fixed_s=2e-4, decode_s_per_kv_token=1e-8, overhead_s=5e-5)
     assert (cm.m_points, cm.linear_s) == ((10, 100, 1000), (1e-3, 1e-2, 2e-2))
     assert (cm.prefill_s_per_work, cm.decode_fixed_s, cm.decode_s_per_kv_token, cm.overhead_s) == (1e-9, 2e-4, 1e-8, 5e-5)
@@ -559,9 +566,9 @@ def test_cost_model_adds_its_terms_by_hand():
     assert cm.step(50, 1000.0, 0) == pytest.approx(5e-5 + 5e-3 + 1e-6)
     assert cm.step(50, 0.0, 10_000) == pytest.approx(5e-5 + 5e-3 + 2e-4 + 1e-4)
     assert cm.step(50, 1000.0, 10_000) == pytest.approx(5e-5 + 5e-3 + 1e-6 + 2e-4 + 1e-4)
-    lists = serving.MeasuredCostModel([1, 64], [1e-3, 2e-3], 1e-9, 0.0, 0.0)
+    lists = simulator.MeasuredCostModel([1, 64], [1e-3, 2e-3], 1e-9, 0.0, 0.0)
     assert (lists.m_points, lists.linear_s) == ((1, 64), (1e-3, 2e-3))  # kept as tuples: the model is frozen
-    no_kv = serving.MeasuredCostModel.fitted([1, 64], [1e-3, 2e-3], 1e-9, 0.0, 0.0)
+    no_kv = simulator.MeasuredCostModel.fitted([1, 64], [1e-3, 2e-3], 1e-9, 0.0, 0.0)
     assert no_kv.overhead_s == 0.0 and no_kv.step(4, 0.0, 100) == no_kv.linear(4)  # no cost per KV token: none added
 
 
@@ -569,16 +576,16 @@ def test_bad_cost_models_are_rejected():
     ok = dict(prefill_s_per_work=1e-9, decode_fixed_s=0.0, decode_s_per_kv_token=1e-9)
     for ms, ts in [([100, 1], [1, 1]), ([1, 1], [1, 1]), ([0, 4], [1, 1]), ([-1, 4], [1, 1]), ([1, math.inf], [1, 1])]:
         with pytest.raises(ValueError, match=r"^m_points must be positive token counts in increasing order, got"):
-            serving.MeasuredCostModel.fitted(ms, ts, **ok)
+            simulator.MeasuredCostModel.fitted(ms, ts, **ok)
     for ms, ts in [([1], [1.0]), ([1, 2], [1.0]), ([1, 2, 3], [1.0, 2.0])]:
         with pytest.raises(ValueError, match=r"^need at least two m_points and one forward time for each, got"):
-            serving.MeasuredCostModel.fitted(ms, ts, **ok)
+            simulator.MeasuredCostModel.fitted(ms, ts, **ok)
     for ts in ([0.0, 1.0], [1.0, -1.0], [1.0, math.nan], [1.0, math.inf], [1.0, True]):
         with pytest.raises(ValueError, match=r"^every forward time must be positive and finite \(seconds\), got"):
-            serving.MeasuredCostModel.fitted([1, 2], ts, **ok)
+            simulator.MeasuredCostModel.fitted([1, 2], ts, **ok)
     for name in ("prefill_s_per_work", "decode_fixed_s", "decode_s_per_kv_token", "overhead_s"):
         for value in (-1e-9, math.nan, math.inf, None):
             with pytest.raises(ValueError, match=rf"^costs must be finite and >= 0, got {{'{name}': {value!r}}}: a "
                                                  r"negative slope fitted from timings means their noise exceeds"):
-                serving.MeasuredCostModel.fitted([1, 2], [1.0, 2.0], **(ok | {name: value}))
-    serving.MeasuredCostModel.fitted(np.array([1, 2]), np.array([1e-3, 2e-3]), 0.0, 0.0, 0.0, 0.0)  # zeros allowed
+                simulator.MeasuredCostModel.fitted([1, 2], [1.0, 2.0], **(ok | {name: value}))
+    simulator.MeasuredCostModel.fitted(np.array([1, 2]), np.array([1e-3, 2e-3]), 0.0, 0.0, 0.0, 0.0)  # zeros allowed

@@ -1,4 +1,4 @@
-"""lib.serving.simulate traced by hand: small workloads whose every step is worked out in the comments.
+"""lib.simulator.simulate traced by hand: small workloads whose every step is worked out in the comments.
 
 The cost model is ``Ticks``: a step of M tokens lasts 1 + M seconds, whatever the context, so every time
 is a whole or half number of seconds, exact in floats, and the trace can be followed with pencil and
@@ -17,9 +17,9 @@ import math
 
 import pytest
 
-from lib import serving
+from lib import simulator
 
-simulate_module = importlib.import_module("lib.serving.simulate")  # the module, which the function's name hides
+simulate_module = importlib.import_module("lib.simulator.simulate")  # the module, which the function's name hides
 
 NAN = math.nan
 
@@ -73,7 +73,7 @@ def same(a, b) -> bool:
 
 def run(reqs, policy):
     cost, trace = Ticks(), []
-    res = serving.simulate(reqs, cost, policy, trace=trace)
+    res = simulator.simulate(reqs, cost, policy, trace=trace)
     return res, trace, cost.calls
 
 
@@ -99,7 +99,7 @@ def test_static_batching_by_hand():
     step 4 [12, 14]: every request has arrived, so C alone is a batch: prefill 1 token, work 0.5; it yields
                      its only token and leaves
     """
-    check(THREE, serving.Policy("static", max_batch=2), [
+    check(THREE, simulator.Policy("static", max_batch=2), [
         step(1, 7, prefill={0: 3, 1: 2}, yielded=[0, 1], kv=7),
         step(7, 10, decode=[0, 1], yielded=[0, 1], finished=[1], kv=5),
         step(10, 12, decode=[0], yielded=[0], finished=[0], kv=0),
@@ -123,7 +123,7 @@ def test_dynamic_batching_by_hand():
     step 4 [8.5, 12.5]: B and C fill a batch: prefill 2 + 1 tokens, work 2 + 0.5; C done; KV: B 3
     step 5 [12.5, 14.5]: decode B reading 3; B done
     """
-    check(THREE, serving.Policy("dynamic", max_batch=2, max_wait=0.5), [
+    check(THREE, simulator.Policy("dynamic", max_batch=2, max_wait=0.5), [
         step(0.5, 4.5, prefill={0: 3}, yielded=[0], kv=4),
         step(4.5, 6.5, decode=[0], yielded=[0], kv=5),
         step(6.5, 8.5, decode=[0], yielded=[0], finished=[0], kv=0),
@@ -145,7 +145,7 @@ def test_continuous_batching_by_hand():
                     yield; C done; KV: A 5 + B 3 = 8
     step 3 [9, 12]: decode A, B reading 5 + 3 = 8; both done
     """
-    check(THREE, serving.Policy("continuous"), [
+    check(THREE, simulator.Policy("continuous"), [
         step(0, 4, prefill={0: 3}, yielded=[0], kv=4),
         step(4, 9, prefill={1: 2, 2: 1}, decode=[0], yielded=[1, 2, 0], finished=[2], kv=8),
         step(9, 12, decode=[0, 1], yielded=[0, 1], finished=[0, 1], kv=0),
@@ -166,7 +166,7 @@ def test_prefill_first_pauses_decode_by_hand():
     step 3 [8, 11]:  decode A, B reading 4 + 3; B done; KV: A 5
     step 4 [11, 13]: decode A reading 5; done
     """
-    check(THREE, serving.Policy("continuous", prefill_first=True), [
+    check(THREE, simulator.Policy("continuous", prefill_first=True), [
         step(0, 4, prefill={0: 3}, yielded=[0], kv=4),
         step(4, 8, prefill={1: 2, 2: 1}, yielded=[1, 2], finished=[2], kv=7),
         step(8, 11, decode=[0, 1], yielded=[0, 1], finished=[1], kv=5),
@@ -190,7 +190,7 @@ def test_chunked_prefill_by_hand():
                      KV: A 5
     step 4 [11, 13]: decode A reading 5; done
     """
-    check(THREE, serving.Policy("continuous", chunk=2, token_budget=3), [
+    check(THREE, simulator.Policy("continuous", chunk=2, token_budget=3), [
         step(0, 3, prefill={0: 2}, kv=2),
         step(3, 7, prefill={0: 1, 1: 2}, yielded=[0, 1], kv=7),
         step(7, 11, prefill={2: 1}, decode=[0, 1], yielded=[2, 0, 1], finished=[2, 1], kv=5),
@@ -206,7 +206,7 @@ def test_chunked_prefill_by_hand():
 
 def test_a_chunk_larger_than_the_budget_is_cut_to_it():
     """chunk 4 but token_budget 3: a 5-token prompt goes 3 + 2 (work 3 (0 + 1.5) = 4.5, then 2 (3 + 1) = 8)."""
-    check([req(0, 0, 5, 1)], serving.Policy("continuous", chunk=4, token_budget=3), [
+    check([req(0, 0, 5, 1)], simulator.Policy("continuous", chunk=4, token_budget=3), [
         step(0, 4, prefill={0: 3}, kv=3),
         step(4, 7, prefill={0: 2}, yielded=[0], finished=[0], kv=0),
     ], [(3, 4.5, 0), (2, 8.0, 0)], [
@@ -232,7 +232,7 @@ def test_preemption_of_the_newest_by_hand():
     step 4 [10, 15]: prefill B 3 (work 4.5) and C 1 (0.5); B yields its 2nd token, C its only; KV: B 2 + 2
     step 5 [15, 17]: decode B reading its 2 prompt + 2 generated tokens = 4; done
     """
-    check(PREEMPT, serving.Policy("continuous", kv_capacity=7), [
+    check(PREEMPT, simulator.Policy("continuous", kv_capacity=7), [
         step(0, 4, prefill={0: 3}, yielded=[0], kv=4),
         step(4, 8, prefill={1: 2}, decode=[0], yielded=[1, 0], preempted=[1], kv=5),
         step(8, 10, decode=[0], yielded=[0], finished=[0], kv=0),
@@ -252,7 +252,7 @@ def test_the_newest_is_preempted_whatever_its_id():
     the oldest (A, now 5): B is still the one pre-empted."""
     ids = {0: 5, 1: 3, 2: 4}
     reqs = [dict(r, id=ids[r["id"]]) for r in PREEMPT]
-    res, trace, calls = run(reqs, serving.Policy("continuous", kv_capacity=7))
+    res, trace, calls = run(reqs, simulator.Policy("continuous", kv_capacity=7))
     assert [s["preempted"] for s in trace] == [[], [3], [], [], []]
     assert calls == [(3, 4.5, 0), (3, 2.0, 4), (1, 0.0, 5), (4, 5.0, 0), (1, 0.0, 4)]
     assert [(r["id"], r["preemptions"], r["e2e"]) for r in res] == [(3, 1, 16.0), (4, 0, 13.0), (5, 0, 10.0)]
@@ -269,7 +269,7 @@ def test_preemption_tie_goes_to_the_higher_id():
     step 5 [13, 19]: 1 prefills its 2 + 3 tokens again (work 5 x 2.5 = 12.5) and yields its last token
     """
     two = [req(0, 0, 2, 4), req(1, 0, 2, 4)]
-    res = check(two, serving.Policy("continuous", kv_capacity=8), [
+    res = check(two, simulator.Policy("continuous", kv_capacity=8), [
         step(0, 5, prefill={0: 2, 1: 2}, yielded=[0, 1], kv=6),
         step(5, 8, decode=[0, 1], yielded=[0, 1], kv=8),
         step(8, 11, decode=[0, 1], yielded=[0, 1], preempted=[1], kv=5),
@@ -288,7 +288,7 @@ def test_static_batches_respect_the_kv_capacity_too():
     11 s as in the continuous case; it waits in the queue until the batch (now request 0 alone) is done
     and then forms a batch of its own."""
     two = [req(0, 0, 2, 4), req(1, 0, 2, 4)]
-    res, trace, _ = run(two, serving.Policy("static", max_batch=2, kv_capacity=8))
+    res, trace, _ = run(two, simulator.Policy("static", max_batch=2, kv_capacity=8))
     assert [(s["start"], s["end"], s["preempted"]) for s in trace] == [
         (0.0, 5.0, []), (5.0, 8.0, []), (8.0, 11.0, [1]), (11.0, 13.0, []), (13.0, 19.0, [])]
     assert [r["e2e"] for r in res] == [13.0, 19.0]
@@ -300,8 +300,8 @@ def test_bucket_priority_decides_who_runs_first():
 
     step 1 [0, 4]: prefill 0; step 2 [4, 6]: decode 0 reading 4; step 3 [6, 8]: prefill 1 (1 token)."""
     reqs = [req(0, 0, 3, 2), req(1, 0, 1, 1)]
-    buckets = (serving.Bucket("short", 2, priority=1), serving.Bucket("long", 10**6, priority=0))
-    check(reqs, serving.Policy("continuous", max_running=1, buckets=buckets), [
+    buckets = (simulator.Bucket("short", 2, priority=1), simulator.Bucket("long", 10**6, priority=0))
+    check(reqs, simulator.Policy("continuous", max_running=1, buckets=buckets), [
         step(0, 4, prefill={0: 3}, yielded=[0], kv=4),
         step(4, 6, decode=[0], yielded=[0], finished=[0], kv=0),
         step(6, 8, prefill={1: 1}, yielded=[1], finished=[1], kv=0),
@@ -318,8 +318,8 @@ def test_bucket_running_cap_holds_back_its_own_requests_only():
     step 1 [0, 5]: prefill 2 (1 token) and 0 (3 tokens): work 0.5 + 4.5; both done
     step 2 [5, 10]: prefill 1, 4 tokens, work 8; done"""
     reqs = [req(0, 0, 3, 1), req(1, 0, 4, 1), req(2, 0, 1, 1)]
-    buckets = (serving.Bucket("short", 2), serving.Bucket("long", 10**6, max_running=1))
-    res = check(reqs, serving.Policy("continuous", buckets=buckets), [
+    buckets = (simulator.Bucket("short", 2), simulator.Bucket("long", 10**6, max_running=1))
+    res = check(reqs, simulator.Policy("continuous", buckets=buckets), [
         step(0, 5, prefill={2: 1, 0: 3}, yielded=[2, 0], finished=[2, 0], kv=0),
         step(5, 10, prefill={1: 4}, yielded=[1], finished=[1], kv=0),
     ], [(4, 5.0, 0), (4, 8.0, 0)], [
@@ -341,8 +341,8 @@ def test_bucket_running_cap_counts_the_running_requests_by_hand():
     step 4 [12, 14]: decode 1 reading 5; done
     """
     reqs = [req(0, 0, 2, 2), req(1, 0, 2, 4), req(2, 0, 2, 1)]
-    buckets = (serving.Bucket("short", 1), serving.Bucket("long", 10**6, max_running=2))
-    check(reqs, serving.Policy("continuous", buckets=buckets), [
+    buckets = (simulator.Bucket("short", 1), simulator.Bucket("long", 10**6, max_running=2))
+    check(reqs, simulator.Policy("continuous", buckets=buckets), [
         step(0, 5, prefill={0: 2, 1: 2}, yielded=[0, 1], kv=6),
         step(5, 8, decode=[0, 1], yielded=[0, 1], finished=[0], kv=4),
         step(8, 12, prefill={2: 2}, decode=[1], yielded=[2, 1], finished=[2], kv=5),
@@ -359,39 +359,39 @@ def test_max_running_and_the_token_budget_bound_admission():
     after a 2-token one does not fit (2 + 3 > 4) and waits for the next step, while the step's first
     prompt is admitted whatever its size."""
     reqs = [req(0, 0, 2, 1), req(1, 0, 3, 1), req(2, 0, 1, 1)]
-    _, trace, _ = run(reqs, serving.Policy("continuous", max_running=2))
+    _, trace, _ = run(reqs, simulator.Policy("continuous", max_running=2))
     assert [s["prefill"] for s in trace] == [{0: 2, 1: 3}, {2: 1}]
-    _, trace, _ = run(reqs, serving.Policy("continuous", token_budget=4))
+    _, trace, _ = run(reqs, simulator.Policy("continuous", token_budget=4))
     assert [s["prefill"] for s in trace] == [{0: 2}, {1: 3, 2: 1}]
-    _, trace, _ = run([req(0, 0, 9, 1)], serving.Policy("continuous", token_budget=4))
+    _, trace, _ = run([req(0, 0, 9, 1)], simulator.Policy("continuous", token_budget=4))
     assert [s["prefill"] for s in trace] == [{0: 9}]
 
 
 def test_summary_and_goodput_of_the_static_trace_by_hand():
     """The static trace's results: TTFT 7, 6, 12; TPOT 2.5, 3 (C has none); E2E 12, 9, 12; queued 1, 0, 10;
     6 tokens from the first arrival (0 s) to the last finish (14 s)."""
-    res, _, _ = run(THREE, serving.Policy("static", max_batch=2))
-    s = serving.summary(res)
+    res, _, _ = run(THREE, simulator.Policy("static", max_batch=2))
+    s = simulator.summary(res)
     # sorted TTFT 6, 7, 12: P95 at rank 2 x 0.95 = 1.9 -> 7 + 0.9 x 5 = 11.5; P99 at 1.98 -> 11.9
     want = {"requests": 3, "tokens_per_s": 6 / 14, "ttft_p50": 7.0, "ttft_p95": 11.5, "ttft_p99": 11.9,
             "tpot_p50": 2.75, "tpot_p95": 2.975, "tpot_p99": 2.995, "e2e_p50": 12.0, "e2e_p95": 12.0, "e2e_p99": 12.0,
             "queue_p50": 1.0, "queue_p95": 9.1, "queue_p99": 9.82}
     assert same(s, want), s
-    doc = serving.summary(res, "doc")  # C alone, over the whole run's span
+    doc = simulator.summary(res, "doc")  # C alone, over the whole run's span
     assert doc["requests"] == 1 and doc["tokens_per_s"] == pytest.approx(1 / 14) and doc["ttft_p99"] == 12.0
     assert math.isnan(doc["tpot_p50"])
-    assert serving.summary(res, "video") == {}
+    assert simulator.summary(res, "video") == {}
     # A meets TTFT 7 and TPOT 2.5 exactly; B misses the TPOT, C the TTFT
-    assert serving.goodput(res, 7.0, 2.5) == pytest.approx(3 / 14)
-    assert serving.goodput(res, 12.0, 2.5) == pytest.approx(4 / 14)  # and C, which has no TPOT
-    assert serving.goodput(res, 12.0, 3.0, kind="chat") == pytest.approx(5 / 14)
-    assert serving.goodput(res, 6.9, 10.0) == pytest.approx(2 / 14)
+    assert simulator.goodput(res, 7.0, 2.5) == pytest.approx(3 / 14)
+    assert simulator.goodput(res, 12.0, 2.5) == pytest.approx(4 / 14)  # and C, which has no TPOT
+    assert simulator.goodput(res, 12.0, 3.0, kind="chat") == pytest.approx(5 / 14)
+    assert simulator.goodput(res, 6.9, 10.0) == pytest.approx(2 / 14)
 
 
 def test_admission_with_chunks_needs_only_the_first_chunk():
     """chunk 2, token_budget 4: a 5-token prompt after a 2-token one is admitted (its first chunk, 2, fits
     the 2 tokens left) and prefilled 2 + 2 + 1."""
-    _, trace, _ = run([req(0, 0, 2, 1), req(1, 0, 5, 1)], serving.Policy("continuous", chunk=2, token_budget=4))
+    _, trace, _ = run([req(0, 0, 2, 1), req(1, 0, 5, 1)], simulator.Policy("continuous", chunk=2, token_budget=4))
     assert [s["prefill"] for s in trace] == [{0: 2, 1: 2}, {1: 2}, {1: 1}]
 
 
@@ -401,14 +401,14 @@ def test_a_prompt_that_does_not_fit_the_step_lets_a_later_one_through():
     chunk of 3 waits, prompt 2's single token goes. Step 3: 0's last 2; 1's 3 do not fit the 2 left.
     Step 4: prompt 1."""
     reqs = [req(0, 0, 8, 1), req(1, 0.5, 3, 1), req(2, 0.5, 1, 1)]
-    _, trace, _ = run(reqs, serving.Policy("continuous", chunk=3, token_budget=4))
+    _, trace, _ = run(reqs, simulator.Policy("continuous", chunk=3, token_budget=4))
     assert [s["prefill"] for s in trace] == [{0: 3}, {0: 3, 2: 1}, {0: 2}, {1: 3}]
 
 
 def test_static_and_dynamic_batches_ignore_the_token_budget():
     """A static batch prefills all its prompts in its first step, however many tokens they hold."""
     for kind in ("static", "dynamic"):
-        _, trace, calls = run([req(0, 0, 2, 1), req(1, 0, 2, 1)], serving.Policy(kind, max_batch=2, token_budget=3))
+        _, trace, calls = run([req(0, 0, 2, 1), req(1, 0, 2, 1)], simulator.Policy(kind, max_batch=2, token_budget=3))
         assert [s["prefill"] for s in trace] == [{0: 2, 1: 2}] and calls == [(4, 4.0, 0)]
 
 
@@ -417,8 +417,8 @@ def test_a_held_bucket_does_not_hold_back_the_buckets_after_it():
     arrives at 0 s is admitted at once (its step lasts 1 + 10 s), while the short one waits for its window
     and is admitted at the first step after it closes, at 11 s."""
     reqs = [req(0, 0, 4, 1), req(1, 0, 10, 1), req(2, 100, 4, 1)]
-    buckets = (serving.Bucket("short", 5, priority=0, max_wait=5.0), serving.Bucket("long", 10**6, priority=1, max_wait=0.0))
-    res, trace, _ = run(reqs, serving.Policy("continuous", buckets=buckets))
+    buckets = (simulator.Bucket("short", 5, priority=0, max_wait=5.0), simulator.Bucket("long", 10**6, priority=1, max_wait=0.0))
+    res, trace, _ = run(reqs, simulator.Policy("continuous", buckets=buckets))
     assert [(s["start"], s["prefill"]) for s in trace] == [(0.0, {1: 10}), (11.0, {0: 4}), (100.0, {2: 4})]
     assert [r["queue"] for r in res] == [11.0, 0.0, 0.0]
 
@@ -440,7 +440,7 @@ def test_a_readmitted_request_holds_its_kv_once_by_hand():
     later, and request 1's recomputation takes 6 chunks of 8 and one of 3 (52 s + 6 s of steps)."""
     two = [req(0, 0, 10, 80), req(1, 0, 10, 60)]
     for chunk, first, pre, leave0, leave1, steps in [(None, 21.0, 40, 219.0, 307.0, 99), (8, 22.0, 41, 220.0, 314.0, 106)]:
-        res, trace, _ = run(two, serving.Policy("continuous", kv_capacity=100, chunk=chunk))
+        res, trace, _ = run(two, simulator.Policy("continuous", kv_capacity=100, chunk=chunk))
         assert len(trace) == steps
         assert [i for i, s in enumerate(trace) if s["preempted"]] == [pre] and trace[pre]["preempted"] == [1]
         assert (trace[pre]["end"], trace[pre]["kv"], trace[pre - 1]["kv"]) == (first + 40 * 3, 51, 100)
@@ -480,10 +480,10 @@ def test_a_policy_that_recomputes_forever_is_stopped_by_hand(monkeypatch):
                                            r"0 \(prefilled 4/4, generated 1/4\), 1 \(prefilled 2/5, generated 1/4\); 0 "
                                            r"queued; 0 of 2 done; 7 tokens of KV in use \(of 8\); a bug in the engine "
                                            r"or the policy, not in the workload$"):
-        run([req(0, 0, 4, 4), req(1, 0.5, 4, 4)], serving.Policy("continuous", kv_capacity=8, chunk=2, prefill_first=True))
+        run([req(0, 0, 4, 4), req(1, 0.5, 4, 4)], simulator.Policy("continuous", kv_capacity=8, chunk=2, prefill_first=True))
     cost, trace = Ticks(), []
     with pytest.raises(RuntimeError):
-        serving.simulate([req(0, 0, 4, 4), req(1, 0.5, 4, 4)], cost,
-                         serving.Policy("continuous", kv_capacity=8, chunk=2, prefill_first=True), trace=trace)
+        simulator.simulate([req(0, 0, 4, 4), req(1, 0.5, 4, 4)], cost,
+                         simulator.Policy("continuous", kv_capacity=8, chunk=2, prefill_first=True), trace=trace)
     assert len(cost.calls) == 16 and trace[-1]["end"] == 50.0
     assert [s["preempted"] for s in trace[2:]] == [[1], []] * 7  # turn 3, then every second turn

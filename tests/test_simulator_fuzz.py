@@ -1,4 +1,4 @@
-"""lib.serving.simulate driven through random small configurations (seeded numpy draws): every run ends,
+"""lib.simulator.simulate driven through random small configurations (seeded numpy draws): every run ends,
 and what it reports holds.
 
 Each case draws 1 to 6 requests (prompts and outputs of 1 to 24 tokens, arrivals together or apart), a
@@ -29,9 +29,9 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from lib import serving
+from lib import simulator
 
-simulate_module = importlib.import_module("lib.serving.simulate")  # the module, which the function's name hides
+simulate_module = importlib.import_module("lib.simulator.simulate")  # the module, which the function's name hides
 
 STEP_LIMIT = 5000  # the cases below finish in at most a few hundred steps
 CASES = 1000
@@ -70,12 +70,12 @@ def random_case(rng: np.random.Generator):
     if kind == "continuous":
         kw["chunk"] = None if rng.random() < 0.3 else int(rng.integers(1, 10))
         if rng.random() < 0.3:
-            kw["buckets"] = (serving.Bucket("short", int(rng.integers(1, 15)), priority=int(rng.integers(2)),
+            kw["buckets"] = (simulator.Bucket("short", int(rng.integers(1, 15)), priority=int(rng.integers(2)),
                                             max_wait=[None, 0.0, 0.5][int(rng.integers(3))]),
-                             serving.Bucket("long", 10**6, priority=int(rng.integers(2)),
+                             simulator.Bucket("long", 10**6, priority=int(rng.integers(2)),
                                             max_running=[None, 1, 2][int(rng.integers(3))]))
     cost = CountedCost(float(rng.choice([1e-3, 1.0])), float(rng.choice([0.0, 1e-4, 1.0])))
-    return reqs, serving.Policy(kind, **kw), cost
+    return reqs, simulator.Policy(kind, **kw), cost
 
 
 def check_run(reqs, policy, res, trace):
@@ -122,7 +122,7 @@ def test_every_random_run_ends_and_keeps_its_invariants():
         reqs, policy, cost = random_case(rng)
         trace = []
         try:
-            res = serving.simulate(reqs, cost, policy, trace=trace)
+            res = simulator.simulate(reqs, cost, policy, trace=trace)
         except Spinning:
             pytest.fail(f"case {case} spins: {reqs} under {policy}")
         check_run(reqs, policy, res, trace)
@@ -148,7 +148,7 @@ def test_every_random_run_of_a_planted_livelock_ends(monkeypatch):
     for case in range(CASES):
         reqs, policy, cost = random_case(rng)
         try:
-            serving.simulate(reqs, cost, policy)
+            simulator.simulate(reqs, cost, policy)
         except Spinning:
             pytest.fail(f"case {case} spins: {reqs} under {policy}")
         except RuntimeError as e:

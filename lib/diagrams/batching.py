@@ -1,6 +1,6 @@
 """Static, dynamic and continuous batching side by side, drawn from the serving simulator's own step trace.
 
-``lib.serving.simulate(..., trace=[])`` records every engine step: its start and end on the simulated
+``lib.simulator.simulate(..., trace=[])`` records every engine step: its start and end on the simulated
 clock, the requests it prefilled (and how many prompt tokens each) and the requests it decoded. Read back
 per request (``occupancy``), that trace says in which steps each request ran and doing what; with the
 simulated results (arrival, first admission, last token) it gives each request's life: queued from
@@ -25,7 +25,7 @@ _HATCH = {"prefill": "//", "decode": None}
 
 def occupancy(trace: Sequence[Mapping]) -> dict[int, list[tuple[float, float, str]]]:
     """Per request id, the steps it ran in, in order: (start, end, "prefill" or "decode"), from a trace of
-    ``lib.serving.simulate`` (records with "start", "end", "prefill" {id: tokens} and "decode" [ids]). A
+    ``lib.simulator.simulate`` (records with "start", "end", "prefill" {id: tokens} and "decode" [ids]). A
     request prefilled and decoded in one step (it cannot be) would be an error in the trace."""
     out: dict[int, list[tuple[float, float, str]]] = {}
     for i, step in enumerate(trace):
@@ -36,7 +36,7 @@ def occupancy(trace: Sequence[Mapping]) -> dict[int, list[tuple[float, float, st
         both = set(step["prefill"]) & set(step["decode"])
         if both:
             raise ValueError(f"trace record {i} both prefills and decodes requests {sorted(both)}: not a trace of "
-                             f"lib.serving.simulate")
+                             f"lib.simulator.simulate")
         for rid in step["prefill"]:
             out.setdefault(rid, []).append((step["start"], step["end"], "prefill"))
         for rid in step["decode"]:

@@ -8,7 +8,7 @@ and the two numbers a serving engine reports are marked on that line: the time t
 arrival to the first token) and the time per output token (TPOT, the mean gap between two tokens after
 the first, (last token - first token) / (output tokens - 1)).
 
-``request_timeline`` reads one request back out of a run of ``lib.serving.simulate``: its result (arrival,
+``request_timeline`` reads one request back out of a run of ``lib.simulator.simulate``: its result (arrival,
 time queued) and the run's step trace (each step's start and end, the requests it prefilled, those it gave
 a token). The request's stages follow from them: queued from arrival to its first admission, prefilling
 in the steps that prefilled it, decoding from its first token to its last; a token arrives at the end of
@@ -76,7 +76,7 @@ class Timeline:
 
 
 def request_timeline(result: Mapping, trace: Sequence[Mapping]) -> Timeline:
-    """The timeline of the request ``result`` (one element of what ``lib.serving.simulate`` returns) from the
+    """The timeline of the request ``result`` (one element of what ``lib.simulator.simulate`` returns) from the
     ``trace`` of the same run (``simulate(..., trace=trace)``).
 
     Its tokens arrive at the ends of the steps whose "yielded" lists it; its prefill steps are those whose
@@ -86,9 +86,9 @@ def request_timeline(result: Mapping, trace: Sequence[Mapping]) -> Timeline:
         rid, arrival, queue = result["id"], float(result["arrival"]), float(result["queue"])
         tokens, ttft, e2e = int(result["tokens"]), float(result["ttft"]), float(result["e2e"])
     except KeyError as e:
-        raise ValueError(f"result lacks {e}: pass one element of what lib.serving.simulate returns") from None
+        raise ValueError(f"result lacks {e}: pass one element of what lib.simulator.simulate returns") from None
     if not trace:
-        raise ValueError("the trace is empty: run lib.serving.simulate(..., trace=trace) with a list and pass it here")
+        raise ValueError("the trace is empty: run lib.simulator.simulate(..., trace=trace) with a list and pass it here")
     prefill = tuple((float(s["start"]), float(s["end"])) for s in trace if rid in s["prefill"])
     times = tuple(float(s["end"]) for s in trace if rid in s["yielded"])
     if not times:

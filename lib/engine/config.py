@@ -6,9 +6,9 @@ running at once), ``max_num_batched_tokens`` (prompt tokens one step may prefill
 ``enable_prefix_caching`` and ``enable_chunked_prefill`` (a prompt prefilled in pieces of at most
 ``long_prefill_token_threshold`` tokens). The book's batching policies of chapter 6 are selected by
 ``policy`` ("static", "dynamic" or "continuous"), with ``max_wait`` (a batching window, in seconds),
-``buckets`` (queues by prompt length, each with a priority: ``lib.serving.Bucket``) and
-``prefill_first`` (a step that prefills runs no decode). ``as_policy`` gives the same settings as a
-``lib.serving.Policy``, so that chapter 6's simulator can run the same schedule.
+``buckets`` (queues by prompt length, each with a priority: ``lib.engine.policy.Bucket``) and
+``prefill_first`` (a step that prefills runs no decode). ``as_policy`` gives the same settings as the
+scheduler's ``lib.engine.policy.Policy``, which chapter 6's simulator runs too.
 
 ``max_num_batched_tokens`` counts prompt tokens only, as the simulator's ``token_budget`` does; vLLM also
 counts one token per decoding request.
@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from numbers import Integral, Real
 
-from lib.serving.policy import KINDS, Bucket, Policy
+from lib.engine.policy import KINDS, Bucket, Policy
 
 
 class RequestError(ValueError):
@@ -129,7 +129,7 @@ class EngineConfig:
         return self.long_prefill_token_threshold or self.max_num_batched_tokens
 
     def as_policy(self, kv_capacity: int | None = None) -> Policy:
-        """These settings as chapter 6's ``lib.serving.Policy`` (``kv_capacity`` in tokens, if bounded)."""
+        """These settings as the scheduler's ``lib.engine.policy.Policy`` (``kv_capacity`` in tokens, if bounded)."""
         return Policy(self.policy, max_batch=self.max_num_seqs, max_wait=self.max_wait, max_running=self.max_num_seqs,
                       token_budget=self.max_num_batched_tokens,
                       chunk=self.chunk if self.policy == "continuous" else None, buckets=tuple(self.buckets),

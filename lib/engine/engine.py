@@ -13,8 +13,9 @@ and a runner (who computes the step). Its loop is ``step``:
 
 Two runners: ``lib.engine.runner.ModelRunner`` runs a real model (``LLMEngine.from_model``);
 ``CostRunner`` runs none and lets a cost model decide how long each step lasts, on a virtual clock
-(``LLMEngine.virtual``): the same scheduler on chapter 6's simulated time, which makes the engine and
-the simulator comparable decision by decision.
+(``LLMEngine.virtual``): the whole engine, its paged pool, prefix cache, front-end callbacks and metrics
+included, on simulated time (chapter 8's metrics demo; the engine's tests). Chapter 6's simulator
+(``lib.simulator``) runs the same scheduler without the rest.
 
 Bad requests raise ``RequestError`` (an empty prompt, ids outside the vocabulary, more tokens than
 ``max_model_len`` or the pool holds, bad sampling parameters, an arrival the clock has not reached) and
@@ -35,6 +36,8 @@ from collections.abc import Callable
 from numbers import Real
 
 from lib.engine.config import EngineConfig, RequestError, SamplingParams
+from lib.engine.cost import step_seconds
+from lib.engine.kv import BlockKV
 from lib.engine.scheduler import ABORTED, FINISHED, Plan, Request, Scheduler
 from lib.kv_pool import KVPool, integer_ids
 
@@ -57,11 +60,11 @@ class VirtualClock:
 
 
 class CostRunner:
-    """Runs no model: each step lasts ``cost.step(tokens, prefill work, KV read)`` seconds of ``clock``
-    (chapter 6's cost model and its arguments, ``lib.serving.cost_model``), and a request's next token is
-    a fixed function of its id and length (greedy and reproducible; never a stop token unless one is
-    chosen so). ``cost`` has ``step`` (or ``step_detail``, asked instead when present), returning a
-    finite number of seconds >= 0; anything else stops the step before the clock moves."""
+    """Runs no model: each step lasts what ``cost`` says of its plan (``lib.engine.cost.step_seconds``, as
+    the simulator asks it) on ``clock``, and a request's next token is a fixed function of its id and
+    length (greedy and reproducible; never a stop token unless one is chosen so). ``cost`` has ``step``
+    (or ``step_detail``, asked instead when present), returning a finite number of seconds >= 0; anything
+    else stops the step before the clock moves."""
 
     def __init__(self, cost, clock: VirtualClock, vocab: int):
         if not callable(getattr(cost, "step_detail", None)) and not callable(getattr(cost, "step", None)):
@@ -72,18 +75,8 @@ class CostRunner:
     def run(self, plan: Plan):
         from lib.engine.runner import StepResult
 
-        work = sum((e - s) * (s + (e - s) / 2) for _, s, e in plan.prefills)
-        tokens, kv = plan.prefill_tokens + len(plan.decodes), sum(x.length for x in plan.decodes)
-        detail = getattr(self.cost, "step_detail", None)  # as the simulator asks it (lib.serving.simulate)
-        dt = (detail(tokens, work, kv, prefills=len(plan.prefills),
-                     decode_ctx_max=max((x.length for x in plan.decodes), default=0))
-              if detail is not None else self.cost.step(tokens, work, kv))
-        if not (isinstance(dt, Real) and not isinstance(dt, bool) and math.isfinite(dt) and dt >= 0):
-            asked = "step_detail" if detail is not None else "step"
-            raise (TypeError if not isinstance(dt, Real) or isinstance(dt, bool) else ValueError)(
-                f"the cost model's {asked}({tokens}, {work}, {kv}) returned {dt!r}: a cost model must return the "
-                "step's time in seconds, a finite float >= 0")
-        self.clock.advance_to(self.clock.now + float(dt))
+        dt = step_seconds(self.cost, plan)
+        self.clock.advance_to(self.clock.now + dt)
         # any fixed mix of id and length serves (two primes); only that the tokens are ids of the vocabulary matters
         out = [(x.id * 7919 + x.length * 104729) % self.vocab for x in plan.sampled]  # pragma: no mutate
         return StepResult(out, dt, 0.0, False)
@@ -95,7 +88,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, runner, pool: KVPool, *, vocab: int,
                  clock: Callable[[], float] = time.perf_counter):
         self.config, self.runner, self.pool, self.vocab, self.clock = config, runner, pool, vocab, clock
-        self.scheduler = Scheduler(config, pool)
+        self.scheduler = Scheduler(config.as_policy(), BlockKV(pool, prefix_caching=config.enable_prefix_caching,
+                                                               extra=config.extra))
         self.requests: dict[int, Request] = {}
         self.steps: list[dict] = []
         self.rejects: Counter = Counter()
@@ -113,7 +107,7 @@ class LLMEngine:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_model(cls, m, config: EngineConfig, *, graphs: bool | None = None) -> LLMEngine:
-        """An engine on the model ``m`` (``lib.model.TinyLlama``, e.g. ``lib.llama.random_model``), its KV pool
+        """An engine on the model ``m`` (a ``lib.models.Llama``, e.g. ``Llama.random``), its KV pool
         allocated on the model's device."""
         from lib.engine.runner import ModelRunner, pool_blocks
 
@@ -281,7 +275,7 @@ class LLMEngine:
             "batch": len(plan.prefills) + len(plan.decodes), "prefill_tokens": plan.prefill_tokens,
             "decode_tokens": len(plan.decodes), "decode_kv": sum(x.length - 1 for x in plan.decodes),
             "decode_ctx_max": max((x.length - 1 for x in plan.decodes), default=0),  # the step appended a token
-            "prefill_work": sum((e - st) * (st + (e - st) / 2) for _, st, e in plan.prefills),
+            "prefill_work": plan.prefill_work,
             "kv_blocks": self.kv_blocks_in_use,
             "cached_blocks": len(s.cache.block_of), "prefix_hit_tokens": hits, "prefix_query_tokens": queries, "queued": s.queued,
             "running": len(s.running), "rejects": sum(self.rejects.values()), "gpu_s": res.gpu_s,
@@ -298,17 +292,8 @@ class LLMEngine:
 
     def next_wake(self) -> float | None:
         """When nothing runs: the earliest time a held queue or a dynamic batch stops waiting (None: only a new
-        arrival can start a step)."""
-        s, p, now = self.scheduler, self.scheduler.policy, self.clock()
-        if s.running or s.arrivals_done:
-            return None
-        if p.kind == "dynamic" and s.queues[0]:
-            return s.queues[0][0].arrival + p.max_wait
-        if p.kind == "continuous":
-            times = [q[0].arrival + p.window(i) for i, q in enumerate(s.queues) if q]
-            times = [t for t in times if t > now]
-            return min(times) if times else None
-        return None
+        arrival can start a step); ``Scheduler.wake_time``."""
+        return self.scheduler.wake_time(self.clock())
 
     def run(self) -> None:
         """Step until every request added has finished (``close`` first, or a batch may wait for more)."""

@@ -3,9 +3,14 @@
 Per request (``Request.result``): TTFT, arrival to first token; TPOT, (last token - first token) /
 (output tokens - 1); ITL, every gap between two consecutive tokens; E2E, arrival to last token; and the
 stages of the latency decomposition, time queued, time in the steps that prefilled it, decode time.
-``summary`` takes percentiles as vLLM's serving benchmark does: TTFT, TPOT and E2E over requests, ITL
-over all gaps of all requests pooled, and the output tokens per second over the run's span (first
-arrival to last finish); ``goodput`` counts only the tokens of requests that met both SLOs.
+``percentile`` interpolates linearly between the two nearest ranks (numpy's default), NaNs left out.
+``request_summary`` gives the P50, P95 and P99 of TTFT, TPOT, E2E and time queued, and the output tokens
+per second over the run's span (first arrival to last finish, the same span for every kind);
+``summary`` adds what vLLM's serving benchmark reports besides: ITL over all gaps of all requests pooled,
+and the mean of each. ``goodput`` counts only the tokens of requests that met both SLOs (TTFT and TPOT; a
+request of one token has no TPOT and meets that SLO), over the same span. A percentile outside [0, 100],
+an SLO that is not a positive number of seconds (NaN included) and the goodput of no requests are errors,
+never a number. The simulator's results (``lib.simulator``) are the engine's, so all of these read both.
 ``decomposition`` splits each request's TTFT into its stages.
 
 ``PrometheusExporter`` keeps the minimum observability set in the Prometheus text format
@@ -17,14 +22,13 @@ What describes the engine now (requests running and waiting, KV in use, rejects)
 when the page is made, so it is right between steps too (after an abort, or a request refused since the
 last step); what a step did (its batch, tokens, latencies) is recorded after each step.
 
-Chapters: 8.
+Chapters: 6, 8.
 """
 
 from __future__ import annotations
 
 import math
-
-from lib.serving import metrics as sim_metrics
+from numbers import Real
 
 # histogram bucket bounds (seconds): from a fast decode step to a long queue
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -34,25 +38,71 @@ TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 
 
+def _real(value) -> bool:
+    """A real number (a bool is not one; NaN is, and fails every comparison after)."""
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def percentile(xs, p: float) -> float:
+    """The p-th percentile (0 to 100) of ``xs``: with the n values sorted, rank k = (n - 1) p / 100, and
+    between the values at floor(k) and ceil(k) a straight line. NaN when ``xs`` has no number."""
+    if not (_real(p) and 0 <= p <= 100):
+        raise ValueError(f"p must be a percentile between 0 and 100, got {p!r}")
+    v = sorted(x for x in xs if not math.isnan(x))
+    if not v:
+        return math.nan
+    k = (len(v) - 1) * p / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def _span(results: list[dict]) -> float:
+    """Seconds from the first arrival to the last finish: the denominator of every tokens/s."""
+    return max(r["arrival"] + r["e2e"] for r in results) - min(r["arrival"] for r in results)
+
+
+def goodput(results: list[dict], ttft_slo: float, tpot_slo: float, kind: str | None = None) -> float:
+    """Output tokens per second of the requests (of ``kind``, or all) that met both SLOs (TTFT and TPOT,
+    in seconds), over the span of the whole run: the throughput that counts for users. Of a run with no
+    request there is no span: an error."""
+    if not (_real(ttft_slo) and _real(tpot_slo) and ttft_slo > 0 and tpot_slo > 0):
+        raise ValueError(f"SLOs must be positive seconds, got TTFT {ttft_slo!r} and TPOT {tpot_slo!r}")
+    if not results:
+        raise ValueError("goodput of no requests: a run's tokens/s needs its span, from the first arrival to the "
+                         "last finish; simulate at least one request")
+    span = _span(results)
+    good = sum(r["tokens"] for r in results if (kind is None or r["kind"] == kind) and r["ttft"] <= ttft_slo
+               and (math.isnan(r["tpot"]) or r["tpot"] <= tpot_slo))
+    return good / span if span > 0 else math.nan
+
+
+def request_summary(results: list[dict], kind: str | None = None) -> dict:
+    """TTFT, TPOT, E2E and queue P50/P95/P99 (``ttft_p50`` ...) and output ``tokens_per_s``, over all
+    requests or those of one kind ({} if there are none); ``requests`` counts them."""
+    rs = [r for r in results if kind is None or r["kind"] == kind]
+    if not rs:
+        return {}
+    span = _span(results)
+    out = {"requests": len(rs), "tokens_per_s": sum(r["tokens"] for r in rs) / span if span > 0 else math.nan}
+    for m in ("ttft", "tpot", "e2e", "queue"):
+        for p in (50, 95, 99):
+            out[f"{m}_p{p}"] = percentile([r[m] for r in rs], p)
+    return out
+
+
 def summary(results: list[dict], kind: str | None = None) -> dict:
-    """TTFT, TPOT, E2E and queue P50/P95/P99 (``lib.serving.summary``: the simulator's definitions), ITL
-    P50/P95/P99 over every gap pooled, the mean of each, and output tokens/s over the run's span."""
-    out = sim_metrics.summary(results, kind)
+    """``request_summary``, and ITL P50/P95/P99 over every gap pooled and the mean of TTFT, TPOT and E2E."""
+    out = request_summary(results, kind)
     if not out:
         return out
     rs = [r for r in results if kind is None or r["kind"] == kind]
     gaps = [g for r in rs for g in r.get("itl", ())]
     for p in (50, 95, 99):
-        out[f"itl_p{p}"] = sim_metrics.percentile(gaps, p)
+        out[f"itl_p{p}"] = percentile(gaps, p)
     for m in ("ttft", "tpot", "e2e"):
         vals = [r[m] for r in rs if not math.isnan(r[m])]
         out[f"{m}_mean"] = sum(vals) / len(vals) if vals else math.nan
     return out
-
-
-def goodput(results: list[dict], ttft_slo: float, tpot_slo: float, kind: str | None = None) -> float:
-    """Output tokens/s of the requests that met both SLOs (``lib.serving.goodput``)."""
-    return sim_metrics.goodput(results, ttft_slo, tpot_slo, kind)
 
 
 def decomposition(results: list[dict], kind: str | None = None, q: float = 50) -> dict:
@@ -63,9 +113,9 @@ def decomposition(results: list[dict], kind: str | None = None, q: float = 50) -
     if not rs:
         raise ValueError(f"no finished request of kind {kind!r} to decompose")
     other = [r["ttft"] - r["queue"] - r["prefill"] for r in rs]
-    return {"queue": sim_metrics.percentile([r["queue"] for r in rs], q),
-            "prefill": sim_metrics.percentile([r["prefill"] for r in rs], q),
-            "other": sim_metrics.percentile(other, q), "ttft": sim_metrics.percentile([r["ttft"] for r in rs], q)}
+    return {"queue": percentile([r["queue"] for r in rs], q),
+            "prefill": percentile([r["prefill"] for r in rs], q),
+            "other": percentile(other, q), "ttft": percentile([r["ttft"] for r in rs], q)}
 
 
 # The page: (attribute, type, name after the prefix, help, histogram buckets or label name). The names are

@@ -1,30 +1,36 @@
-"""The engine's scheduler: queues, admission, the plan of each step, KV blocks and pre-emption.
+"""The scheduler: queues, admission, the plan of each step, KV and pre-emption; the one set of scheduling
+rules of the book, run by the engine (``lib.engine.engine``) and by chapter 6's simulator (``lib.simulator``).
 
-It runs chapter 6's policies (``lib.serving.policy``) on real requests holding real KV blocks, with the
-same rules as the simulator (``lib.serving.simulate``), so that the two differ only in what a step costs:
+It consults a batching policy (``lib.engine.policy.Policy``: static, dynamic or continuous batching,
+queues by prompt length with priorities and caps, windows) and holds KV through a small protocol
+(``lib.engine.kv``: the engine's paged blocks with a prefix cache, or the simulator's counted tokens).
+Each step:
 
-1. ``arrive``: requests added since the last step join their queue (one per bucket);
+1. ``enqueue``: a request joins its queue (one per bucket) when it arrives;
 2. ``admit``: continuous batching admits from each queue in priority order while fewer than
-   ``max_num_seqs`` run, the bucket's own cap allows, the prompt tokens to compute fit what is left of
-   ``max_num_batched_tokens`` (the step's first admission always fits; with chunked prefill a prompt needs
-   only its first chunk) and the pool can hold the prompt; a queue with a batching window is held until
-   its oldest request has waited ``max_wait``. Static and dynamic batching start a locked batch when none
-   runs. Admission takes the prompt's cached prefix from the prefix cache and allocates blocks for the
-   rest (``lib.prefix_cache``): the prefilled tokens start at the cached ones;
-3. ``plan``: in admission order, a request with prompt left prefills it whole or its next chunk within the
-   budget; the others decode one token (none, with ``prefill_first``, in a step that prefills);
-4. blocks for the decodes: a request whose next token starts a new block gets one; when the pool has none
-   free (nor evictable), the most recently admitted running request is pre-empted: its blocks are
-   released and it goes back to the front of its queue, to prefill its prompt and the tokens it generated
-   again (recomputation; its committed blocks stay cached, so it often finds them again);
-5. ``finish_step``: after the model ran, prefills advance, the requests whose prompt is complete and the
-   decodes get their token, and a request ends at ``max_tokens`` or a stop token; its blocks are released
-   (cached ones stay, evictable).
+   ``max_running`` run, the bucket's own cap allows, the prompt tokens to compute fit what is left of
+   ``token_budget`` (the step's first admission always fits; with chunked prefill a prompt needs only its
+   first chunk) and the KV can hold the tokens to prefill; a queue with a batching window is held until
+   its oldest request has waited the window, or its prompts fill the budget, or no more will arrive
+   (``arrivals_done``). Static and dynamic batching start a locked batch of up to ``max_batch`` when none
+   runs and that many wait, or no more will come, or (dynamic) the oldest has waited ``max_wait``.
+   Admission takes the prompt's cached prefix (the prefilled tokens start at the cached ones);
+3. ``schedule``: in admission order, a request with prompt left prefills it whole or its next chunk
+   within the budget (static and dynamic: no budget); once a step prefills, a later prompt that does not
+   fit the rest waits; the others decode one token (none, with ``prefill_first``, in a step that
+   prefills);
+4. KV for the decodes: a request whose next token needs more room gets a block; when none is left, the
+   most recently admitted running request (ties: the higher id) is pre-empted: its KV is released and it
+   goes back to the front of its queue, to prefill its prompt and the tokens it generated again
+   (recomputation, as vLLM does by default; the engine's committed blocks stay cached, so it often finds
+   them again);
+5. ``finish_step``: after the step ran, prefills advance, the requests whose prompt is complete and the
+   decodes get their token, and a request ends at ``max_tokens`` or a stop token; its KV is released.
 
-Unlike the simulator, KV is counted in blocks, not tokens, and a request whose pool allocation fails is
-not admitted (the simulator's ``kv_capacity`` check). Everything here is host bookkeeping: no tensor.
+``wake_time`` says, when nothing runs, when a held queue or a dynamic batch stops waiting. Everything here
+is host bookkeeping: no tensor, no clock of its own (the caller passes ``now``).
 
-Chapters: 8.
+Chapters: 6, 8.
 """
 
 from __future__ import annotations
@@ -33,9 +39,11 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from lib.engine.config import EngineConfig, SamplingParams
-from lib.kv_pool import KVPool, PoolExhausted
-from lib.prefix_cache import Lease, PrefixCache, block_keys
+from lib.engine.config import SamplingParams
+from lib.engine.cost import work
+from lib.engine.kv import EngineCache  # noqa: F401  (where it was: the engine's tests import it from here)
+from lib.engine.policy import Policy
+from lib.prefix_cache import Lease
 
 WAITING, RUNNING, FINISHED, ABORTED = "waiting", "running", "finished", "aborted"
 
@@ -87,8 +95,12 @@ class Request:
         return self.status == RUNNING and self.prefilled >= self.target
 
     def result(self, bucket: str = "") -> dict:
-        """Its metrics, with the keys of ``lib.serving.simulate``'s results (so ``lib.serving.summary`` and
-        ``goodput`` read both), plus ``itl`` (every gap between two tokens) and ``cached``."""
+        """Its metrics (times in seconds): ``ttft`` arrival to first token; ``e2e`` arrival to last token;
+        ``tpot`` = (e2e - ttft) / (output - 1) (NaN for one output token); ``itl`` every gap between two of
+        its tokens and ``itl_max`` the longest; ``queue`` arrival to first admission; ``prefill`` the time
+        of the steps that prefilled it before its first token (a stage of its TTFT; recomputing after a
+        pre-emption is not); ``decode`` first token to last; ``preemptions``; ``tokens`` generated;
+        ``cached`` prompt tokens found in the prefix cache; ``finish_reason``."""
         ttft = self.token_times[0] - self.arrival if self.token_times else math.nan
         e2e = self.finish - self.arrival
         n = len(self.output)
@@ -121,38 +133,48 @@ class Plan:
         return sum(end - start for _, start, end in self.prefills)
 
     @property
+    def tokens(self) -> int:
+        """Tokens the step runs through the model: its prompt tokens and one per decode."""
+        return self.prefill_tokens + len(self.decodes)
+
+    @property
+    def prefill_work(self) -> float:
+        """The prefill's attention work: each chunk's new tokens x their mean context (``lib.engine.cost.work``)."""
+        return sum((work(end - start, start) for _, start, end in self.prefills), 0.0)
+
+    @property
+    def decode_kv(self) -> int:
+        """Tokens of KV the decodes read, each its prompt and its output so far (the token it decodes from
+        included)."""
+        return sum(x.length for x in self.decodes)
+
+    @property
+    def decode_ctx_max(self) -> int:
+        """KV tokens of the longest decode (0: no decode)."""
+        return max((x.length for x in self.decodes), default=0)
+
+    @property
     def sampled(self) -> list[Request]:
         """The requests that get a token from this step, in the order of the model's output rows: each
         prefill that completes its prompt, then each decode."""
         return [x for x, _, end in self.prefills if end == x.target] + self.decodes
 
 
-class EngineCache(PrefixCache):
-    """The prefix cache, able to give a running request one more block (evicting a cached one if none is
-    free)."""
-
-    def grow(self, lease: Lease) -> None:
-        """Append one new block to ``lease``; ``PoolExhausted`` (nothing changed) if none is free or evictable."""
-        self._own(lease)
-        if not self.pool.free_count:
-            if not self.evictable:
-                raise PoolExhausted("no block is free or evictable")
-            self._evict(1)
-        lease.blocks += self.pool.allocate(1)
-
-
 class Scheduler:
-    """Queues and running requests of one engine (see the module). ``pool`` holds the KV blocks (its storage
-    may be absent: the scheduler only counts blocks)."""
+    """Queues and running requests under ``policy``, their KV held in ``kv`` (``lib.engine.kv``: the
+    engine's ``BlockKV`` or the simulator's ``TokenKV``); see the module."""
 
-    def __init__(self, config: EngineConfig, pool: KVPool):
-        self.config, self.pool = config, pool
-        self.policy = config.as_policy()
-        self.cache = EngineCache(pool)
+    def __init__(self, policy: Policy, kv):
+        self.policy, self.kv = policy, kv
         self.queues: list[deque[Request]] = [deque() for _ in range(self.policy.queue_count)]
         self.running: list[Request] = []
         self.arrivals_done = False  # no request will be added any more (static batches and windows stop waiting)
         self.preemptions = 0
+
+    @property
+    def cache(self):
+        """The engine's prefix cache (a ``BlockKV``'s)."""
+        return self.kv.cache
 
     # ------------------------------------------------------------------ queues
     @property
@@ -172,9 +194,7 @@ class Scheduler:
             self._release(x)
 
     def _release(self, x: Request) -> None:
-        if x.lease is not None:
-            self.cache.release(x.lease)
-            x.lease = None
+        self.kv.release(x)
 
     # ------------------------------------------------------------------ admission
     def _held(self, qi: int, now: float) -> bool:
@@ -186,26 +206,16 @@ class Scheduler:
         return now < q[0].arrival + self.policy.window(qi) and sum(x.target for x in q) < self.policy.token_budget
 
     def _take(self, x: Request, now: float) -> bool:
-        """Admit ``x`` if the pool can hold its tokens to prefill (its cached prefix taken from the cache)."""
-        try:
-            lease = self.cache.acquire(x.tokens[: x.target], self.config.extra)
-        except PoolExhausted:
+        """Admit ``x`` if the KV can hold its tokens to prefill (its cached prefix taken from the cache)."""
+        hit = self.kv.admit(x)
+        if hit is None:
             return False
-        x.lease, x.prefilled, x.status, x.admitted = lease, lease.hit_tokens, RUNNING, now
-        x.cached_tokens += lease.hit_tokens
+        x.prefilled, x.status, x.admitted = hit, RUNNING, now
+        x.cached_tokens += hit
         if math.isnan(x.first_admitted):
             x.first_admitted = now
         self.running.append(x)
         return True
-
-    def _cached(self, x: Request) -> int:
-        """Tokens of ``x``'s prefill the prefix cache holds now (its block keys computed once per prefill)."""
-        if not self.config.enable_prefix_caching:
-            return 0
-        if x.keys_for != x.target:
-            x.keys = block_keys(x.tokens[: x.target], self.pool.block_size, self.config.extra)
-            x.keys_for = x.target
-        return len(self.cache.lookup(None, keys=x.keys)) * self.pool.block_size
 
     def admit(self, now: float) -> list[Request]:
         p = self.policy
@@ -224,7 +234,7 @@ class Scheduler:
                 x = q[0]
                 if cap is not None and per_queue[qi] >= cap:
                     break
-                hit = self._cached(x)
+                hit = self.kv.cached(x)
                 need = x.target - min(hit, x.target - 1)
                 need = need if p.chunk is None else min(need, p.chunk)
                 if admitted and need > budget:
@@ -271,16 +281,28 @@ class Scheduler:
         if p.prefill_first and plan.prefills:
             plan.decodes = []
         for x in list(plan.decodes):
-            while x.status == RUNNING and len(x.lease.blocks) * self.pool.block_size < x.length:
-                try:
-                    self.cache.grow(x.lease)
-                except PoolExhausted:
+            while x.status == RUNNING and self.kv.room(x) < x.length:
+                if not self.kv.grow(x):
                     victim = max(self.running, key=lambda y: (y.admitted, y.id))
                     self.preempt(victim)
                     plan.preempted.append(victim)
         plan.decodes = [x for x in plan.decodes if x.status == RUNNING]
         plan.prefills = [c for c in plan.prefills if c[0].status == RUNNING]
         return plan
+
+    def wake_time(self, now: float) -> float | None:
+        """When nothing runs: the earliest time after ``now`` a held queue or a dynamic batch stops waiting
+        (None: only a new arrival can start a step)."""
+        p = self.policy
+        if self.running or self.arrivals_done:
+            return None
+        if p.kind == "dynamic" and self.queues[0]:
+            return self.queues[0][0].arrival + p.max_wait
+        if p.kind == "continuous":
+            times = [q[0].arrival + p.window(i) for i, q in enumerate(self.queues) if q]
+            times = [t for t in times if t > now]
+            return min(times) if times else None
+        return None
 
     def preempt(self, x: Request) -> None:
         """Drop ``x``'s KV and put it at the front of its queue, to prefill its prompt and output again."""
@@ -304,8 +326,8 @@ class Scheduler:
             if not x.token_times:  # a stage of its TTFT; recomputing after a pre-emption comes after it
                 x.prefill_time += duration
             x.prefill_chunks.append((now, end - start))
-            if end == x.target and self.config.enable_prefix_caching:
-                self.cache.commit(x.lease)
+            if end == x.target:
+                self.kv.commit(x)
         for x in plan.decodes:
             x.prefilled += 1  # the step wrote the KV of the token it decoded from
         finished = []

@@ -1,7 +1,7 @@
 """Chapter 6's experiment: what one engine step costs on the GPU, a cost model fitted to it, and the
 batching policies simulated with that cost model.
 
-Measuring (``measure``): chapter 5's Llama-style model (``lib.model``) with a paged KV pool filled with
+Measuring (``measure``): chapter 5's Llama-style model (``lib.models``) with a paged KV pool filled with
 random values is timed (``lib.bench.timing.bench``: GPU time and call time) in three kinds of step:
 
 - stack: a prefill of M tokens with no earlier context, for each M of ``stack``;
@@ -17,12 +17,13 @@ position (attention over the pages gathered whole), within ``lib.models.LOGITS_T
 
 Fitting (``fit_cost_model``): a step that prefills M tokens whose attention work is
 W = sum(new tokens x their mean context) and decodes requests reading K tokens of KV costs
-t = S(M) + alpha W + [decode] (delta + beta K): alpha is the median over the context points of their extra
-time per unit of work, S(M) the stack's time less alpha W (log-log interpolated by the cost model), beta the
+t = S(M) + alpha W + [decode] (delta + beta K) (``lib.engine.cost.MeasuredCostModel``): alpha and S(M) as
+every calibration fits them (``lib.engine.cost.fit_prefill``: alpha the median over the context points of
+their extra time per unit of work, S(M) the stack's time less alpha W, log-log interpolated), beta the
 median slope of a line per batch size through the decode times against K, delta the median of those lines'
 intercepts less S(B).
 
-Simulating (``capacity_rps``, ``load_sweep``, ``incident``, ``offline``): ``lib.serving.simulate`` runs seeded
+Simulating (``capacity_rps``, ``load_sweep``, ``incident``, ``offline``): ``lib.simulator.simulate`` runs seeded
 workloads (``lib.workloads.requests``) through the fitted cost model under each policy. A policy's capacity is
 its output tokens/s with every request queued at once over the mean output of a request; ``load_sweep`` runs
 every policy at the same arrival rates and states each rate as a load on that policy's own capacity, so a
@@ -39,8 +40,9 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from lib import models, serving, workloads
+from lib import models, simulator, workloads
 from lib.bench import fit, timing
+from lib.engine.cost import fit_prefill, work
 from lib.experiments import require
 
 # largest |logit difference| a checked path may show against the other way of computing the same logits, as a
@@ -147,11 +149,6 @@ def measure(params: dict, device: str, *, prefill, decode) -> dict:
 
 # ---------------------------------------------------------------------------- the cost model
 
-def work(new, ctx):
-    """Attention work of a prefill of ``new`` tokens after ``ctx``: new tokens x their mean context."""
-    return new * (ctx + new / 2)
-
-
 @dataclass
 class Calibration:
     """The fitted cost model and what it was fitted from.
@@ -168,7 +165,7 @@ class Calibration:
     alpha: float
     beta: float
     delta: float
-    cost: serving.MeasuredCostModel
+    cost: simulator.MeasuredCostModel
     fit_err: pd.Series
 
 
@@ -190,11 +187,10 @@ def fit_cost_model(points: list[dict]) -> Calibration:
     stack = pts[pts["kind"] == "stack"].set_index("new")["GPU time (ms)"] / 1e3
     ctxp = pts[pts["kind"] == "context"]
     dec = pts[pts["kind"] == "decode"]
-    # alpha: extra time per unit of attention work, from m new tokens after c tokens against m alone
-    alphas = [(r["GPU time (ms)"] / 1e3 - stack[r["new"]]) / (work(r["new"], r["ctx"]) - work(r["new"], 0))
-              for _, r in ctxp.iterrows()]
-    alpha = max(0.0, float(pd.Series(alphas).median()))  # a cost is never negative; on a CPU, noise can make it look so
-    S = {M: max(t - alpha * work(M, 0), 0.2 * t) for M, t in stack.items()}
+    # alpha and S(M): the prefill half every calibration shares (lib.engine.cost.fit_prefill)
+    alpha, ms, s_of_m = fit_prefill(stack.to_dict(), [(r["new"], r["ctx"], r["GPU time (ms)"] / 1e3)
+                                                     for _, r in ctxp.iterrows()])
+    S = dict(zip(ms, s_of_m))
     # decode: per batch size a line through (K, t); delta = intercept minus S(B), beta = the slopes' median
     lines = []
     for B, g in dec.groupby("new"):
@@ -204,10 +200,10 @@ def fit_cost_model(points: list[dict]) -> Calibration:
     lines = pd.DataFrame(lines).set_index("B")
     beta = max(0.0, float(lines["slope (ns per KV token)"].median()) / 1e9)
     ms = sorted(S)
-    cost = serving.MeasuredCostModel.fitted(ms, [S[M] for M in ms], prefill_s_per_work=alpha, decode_fixed_s=0.0,
+    cost = simulator.MeasuredCostModel.fitted(ms, [S[M] for M in ms], prefill_s_per_work=alpha, decode_fixed_s=0.0,
                                             decode_s_per_kv_token=beta)
     delta = max(0.0, float(pd.Series([lines.loc[B, "intercept (ms)"] / 1e3 - cost.linear(B) for B in lines.index]).median()))
-    cost = serving.MeasuredCostModel.fitted(ms, [S[M] for M in ms], prefill_s_per_work=alpha, decode_fixed_s=delta,
+    cost = simulator.MeasuredCostModel.fitted(ms, [S[M] for M in ms], prefill_s_per_work=alpha, decode_fixed_s=delta,
                                             decode_s_per_kv_token=beta)
 
     def predict(r):
@@ -232,16 +228,16 @@ def _count(name: str, n) -> int:
 def saturated(cost, policy, mix, n: int, seed: int = 0) -> float:
     """Output tokens per second with all ``n`` requests queued at once: what a throughput benchmark reports."""
     reqs = workloads.requests(_count("n", n), 1e6, mix=mix, seed=seed)
-    return serving.summary(serving.simulate(reqs, cost, policy))["tokens_per_s"]
+    return simulator.summary(simulator.simulate(reqs, cost, policy))["tokens_per_s"]
 
 
 def at_rate(cost, policy, rate: float, mix, n: int, seed: int = 0) -> tuple[list[dict], dict]:
     """``n`` requests of ``mix`` arriving at ``rate`` per second: the simulated requests, and their summaries
-    {"all": ..., kind: ... for each kind of the mix} (``lib.serving.summary``)."""
+    {"all": ..., kind: ... for each kind of the mix} (``lib.simulator.summary``)."""
     if not (rate > 0 and math.isfinite(rate)):
         raise ValueError(f"rate must be a positive number of requests per second, got {rate!r}")
-    res = serving.simulate(workloads.requests(_count("n", n), rate, mix=mix, seed=seed), cost, policy)
-    return res, {"all": serving.summary(res), **{kind: serving.summary(res, kind) for kind, _, _ in mix}}
+    res = simulator.simulate(workloads.requests(_count("n", n), rate, mix=mix, seed=seed), cost, policy)
+    return res, {"all": simulator.summary(res), **{kind: simulator.summary(res, kind) for kind, _, _ in mix}}
 
 
 def capacity_rps(cost, policy, mix, n_saturated: int, n: int) -> float:
@@ -303,7 +299,7 @@ def incident(cost, configs: dict, rate: float, mix, n: int, n_saturated: int, sl
         rows.append({"config": name, "benchmark tokens/s": saturated(cost, pol, mix, n_saturated),
                      "production tokens/s": s_all["tokens_per_s"],
                      "chat tokens/s": s_chat["tokens_per_s"], "doc tokens/s": s_doc["tokens_per_s"],
-                     "goodput tokens/s": serving.goodput(r_, slo_ttft, slo_tpot),
+                     "goodput tokens/s": simulator.goodput(r_, slo_ttft, slo_tpot),
                      "chat TTFT p50 (ms)": s_chat["ttft_p50"] * 1e3, "chat TTFT p95 (ms)": s_chat["ttft_p95"] * 1e3,
                      "chat TTFT p99 (ms)": s_chat["ttft_p99"] * 1e3, "doc TTFT p95 (ms)": s_doc["ttft_p95"] * 1e3,
                      "chat TPOT p95 (ms)": s_chat["tpot_p95"] * 1e3, "doc TPOT p95 (ms)": s_doc["tpot_p95"] * 1e3})
@@ -328,8 +324,8 @@ def offline(cost, policies: dict, mix, n: int) -> pd.DataFrame:
     """Each policy with all ``n`` requests queued at once: tokens/s, the time to finish them all, TTFT p50."""
     rows = []
     for name, pol in policies.items():
-        r_ = serving.simulate(workloads.requests(_count("n", n), 1e6, mix=mix, seed=0), cost, pol)
-        s_ = serving.summary(r_)
+        r_ = simulator.simulate(workloads.requests(_count("n", n), 1e6, mix=mix, seed=0), cost, pol)
+        s_ = simulator.summary(r_)
         rows.append({"policy": name, "tokens/s": s_["tokens_per_s"],
                      "all done (s)": max(r["arrival"] + r["e2e"] for r in r_), "TTFT p50 (s)": s_["ttft_p50"]})
     return pd.DataFrame(rows).set_index("policy")

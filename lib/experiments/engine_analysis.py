@@ -1,4 +1,4 @@
-"""Chapter 8's analysis of what ``lib.experiments.serving_engine`` measured: the engine's cost model fitted
+"""Chapter 8's analysis of what ``lib.experiments.engine`` measured: the engine's cost model fitted
 to its calibration steps, the offline run against chapter 7's step, host time, the incident, the latency
 decomposition, and chapter 6's simulator run on the same workloads and compared request percentile by
 percentile, with the calibrated costs and with costs fitted to the steps of the other runs. Everything
@@ -13,10 +13,10 @@ import statistics
 
 import pandas as pd
 
-from lib import serving, workloads
-from lib.engine import cost, service_fit
+from lib import simulator, workloads
+from lib.engine import cost
 from lib.engine.metrics import decomposition, goodput, summary
-from lib.experiments import serving_engine as se
+from lib.experiments import engine as se
 
 RUNS = ("light", "near", "before", "after", "fix")  # the open-loop runs, chat-only then the incident's
 SMALL_RUNS = ("light", "near")  # the smaller configuration's (no incident)
@@ -122,7 +122,7 @@ def incident_loads(data: dict, params: dict, loads=(0.3, 0.5, 0.7, 0.85)) -> pd.
     ratios the incident is judged by. Where the engine's costs make the incident appear, if anywhere."""
     from lib.engine import EngineConfig
 
-    cm = service_fit.fit_steps([step_records(data, n) for n in (*RUNS, "offline")], EngineConfig().graph_batch_sizes)
+    cm = cost.fit_steps([step_records(data, n) for n in (*RUNS, "offline")], EngineConfig().graph_batch_sizes)
     mix, _ = se.mixes(params)
     cfgs, rows = se.configs(params), []
     for load in loads:
@@ -130,8 +130,8 @@ def incident_loads(data: dict, params: dict, loads=(0.3, 0.5, 0.7, 0.85)) -> pd.
         reqs = workloads.requests(se.requests_for(rate, params["incident"]), rate, mix=mix, seed=params["seed"] + 3)
         p95, trace = {}, []
         for name, c in cfgs.items():
-            res = serving.simulate(reqs, cm, c.as_policy(), trace=trace if name == "before" else None)
-            p95[name] = serving.summary([r for r in res if r["kind"] == "chat"])["ttft_p95"]
+            res = simulator.simulate(reqs, cm, c.as_policy(), trace=trace if name == "before" else None)
+            p95[name] = simulator.summary([r for r in res if r["kind"] == "chat"])["ttft_p95"]
         rows.append({"load": load, "requests/s": rate,
                      "most running, before": max(len(t["prefill"]) + len(t["decode"]) for t in trace),
                      **{f"chat TTFT p95 {k} (ms)": v * 1e3 for k, v in p95.items()},
@@ -158,7 +158,7 @@ def step_records(data: dict, name: str) -> list[dict]:
 
 
 def service_fits(data: dict, runs=RUNS, *, detail: bool = False) -> dict:
-    """For each open-loop run, the cost model fitted (``lib.engine.service_fit``) to the steps of the other
+    """For each open-loop run, the cost model fitted (``lib.engine.cost.fit_steps``) to the steps of the other
     runs and the offline run: costs measured in service that never saw the run they predict. None where the
     other runs hold too few steps to fit (a smoke run's handful of requests)."""
     from lib.engine import EngineConfig
@@ -167,7 +167,7 @@ def service_fits(data: dict, runs=RUNS, *, detail: bool = False) -> dict:
     fits = {}
     for held in runs:
         try:
-            fits[held] = service_fit.fit_steps([step_records(data, n) for n in (*runs, "offline") if n != held], sizes,
+            fits[held] = cost.fit_steps([step_records(data, n) for n in (*runs, "offline") if n != held], sizes,
                                                detail=detail)
         except ValueError:
             fits[held] = None
@@ -176,7 +176,7 @@ def service_fits(data: dict, runs=RUNS, *, detail: bool = False) -> dict:
 
 def _simulated(data: dict, params: dict, name: str, cm) -> dict:
     reqs, config = workload_of(data, params, name)
-    return serving.summary(serving.simulate(reqs, cm, config.as_policy()))
+    return simulator.summary(simulator.simulate(reqs, cm, config.as_policy()))
 
 
 def sim_vs_engine(data: dict, params: dict, cm, runs=RUNS) -> pd.DataFrame:
@@ -192,7 +192,7 @@ def sim_vs_engine(data: dict, params: dict, cm, runs=RUNS) -> pd.DataFrame:
         srv = _simulated(data, params, name, held[name]) if held[name] else dict.fromkeys(cal, float("nan"))
         det = (_simulated(data, params, name, detailed[name]) if detailed and detailed[name]
                else dict.fromkeys(cal, float("nan")))
-        meas = serving.summary(requests(run_of(data, name)))
+        meas = simulator.summary(requests(run_of(data, name)))
         for m in ("ttft", "tpot"):
             for q in (50, 95):
                 k = f"{m}_p{q}"
@@ -216,7 +216,7 @@ def fit_step_ratios(data: dict, runs=RUNS) -> pd.DataFrame:
             if cm is None:
                 rows.append({"run": name, "step": kind, "steps": 0, "measured / model": float("nan")})
                 continue
-            sel = [s for s in service_fit.periods(step_records(data, name))
+            sel = [s for s in cost.periods(step_records(data, name))
                    if bool(s["prefill_tokens"]) == (kind == "prefill")]
             model = sum(cm.step(s["prefill_tokens"] + s["decode_tokens"], s["prefill_work"],
                                 s["decode_kv"] + s["decode_tokens"]) for s in sel)
@@ -249,7 +249,7 @@ def host_spread(data: dict, name: str, max_tokens: int = 1024) -> dict:
     """Host time of a run's steps that prefill fewer than ``max_tokens`` tokens: 5th, 50th and 95th
     percentiles (s), and how many steps."""
     h = [s["host_s"] for s in step_records(data, name) if 0 < s["prefill_tokens"] < max_tokens]
-    return {"n": len(h), **{f"p{q}": serving.percentile(h, q) for q in (5, 50, 95)}}
+    return {"n": len(h), **{f"p{q}": simulator.percentile(h, q) for q in (5, 50, 95)}}
 
 
 def step_costs(data: dict, cm, runs=RUNS) -> pd.DataFrame:

@@ -211,7 +211,7 @@ def rank_config(cfg, tp: int):
 
 
 def measure_tp_rank(params: dict, device: str) -> list[dict]:
-    """One rank's decode step at each TP size on this one device: chapter 7's fused step (``FusedStep``) of
+    """One rank's decode step at each TP size on this one device: chapter 7's fused step (the model under ``lib.models.FUSED``) of
     the model ``rank_config`` gives (its weights drawn here), at each shape, checked against the unfused
     step of the same weights, then timed in interleaved rounds (GPU time and call time). What the ranks
     would add, the all-reduces, is not in it."""

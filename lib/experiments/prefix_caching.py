@@ -1,7 +1,7 @@
 """Chapter 5's experiment: what a prefix-cache hit saves in prefill, what it does not save in decode, and
 what it leaks through the time to first token.
 
-One Llama-style model with random weights (``lib.model``, the "1b" configuration in bf16 on a GPU, "tiny" in
+One Llama-style model with random weights (``lib.models``, the "1b" configuration in bf16 on a GPU, "tiny" in
 float32 on a CPU smoke run) over a paged KV pool (``lib.kv_pool``) with a prefix cache (``lib.prefix_cache``).
 ``measure`` runs three parts, in this order (the order fixes what each draws from the seeded generators):
 
@@ -235,7 +235,7 @@ def replay_workload(prompts, pool_blocks, cases, block_size: int) -> pd.DataFram
     return table
 
 
-# Kernels one prefill launches (TinyLlama.prefill on a GPU), as the profiler counts them on the H200 (the
+# Kernels one prefill launches (``Llama.prefill`` on a GPU), as the profiler counts them on the H200 (the
 # chapter's data, ``prefill_kernels``): per layer the attention input (RMSNorm, QKV GEMM, 8 elementwise
 # kernels of RoPE, 2 copies of the strided K and V rows, 2 index_copy_ into the pool), the gather (2 memsets
 # and 2 index_select of whole pages), the attention kernel, the concatenation of RoPE's halves, and the
@@ -310,7 +310,7 @@ def decode_breakdown(kernels: list[dict], gpu_us: float, weights: int, read_bw: 
 
 def prefill_cost(cfg, n: int, cached: int, *, b: int = 2) -> dict:
     """FLOPs, bytes and kernels of a prefill of positions ``cached`` .. n - 1 of an n-token prompt whose first
-    ``cached`` tokens' K and V are in the pool (chapter 2's terms, for ``lib.model``'s prefill):
+    ``cached`` tokens' K and V are in the pool (chapter 2's terms, for ``lib.models``' prefill):
 
     - F: two FLOPs per weight of the layers for each computed token, attention over the positions before and
       at each one (4 H_q d per position and layer), and the output head for the last token only;

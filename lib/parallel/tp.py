@@ -1,4 +1,4 @@
-"""Tensor parallelism for a decode step of ``lib.model``'s decoder: each of TP ranks holds 1/TP of every
+"""Tensor parallelism for a decode step of the decoder of ``lib.models``: each of TP ranks holds 1/TP of every
 layer's weights and KV cache, and the ranks add up their partial results with two all-reduces per layer.
 
 Sharding (Megatron style), for rank r of TP:

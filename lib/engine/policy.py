@@ -1,4 +1,7 @@
-"""A batching policy: which queued requests an engine step may admit, and how the queue is split.
+"""The scheduler's batching policy: which queued requests a step may admit, and how the queue is split.
+
+The engine's scheduler (``lib.engine.scheduler``) consults one ``Policy``; chapter 6's teaching policies are
+values of it, and the engine's settings give one (``EngineConfig.as_policy``).
 
 ``Policy.kind`` is one of
 
@@ -12,10 +15,11 @@
   they fill the budget) and ``buckets`` (queues split by prompt length, each with a priority, a limit of
   running requests and a window of its own).
 
-``kv_capacity`` (any kind) bounds the tokens of KV the running requests hold. ``lib.serving.simulate``
-runs a policy; a policy checks itself when it is made, so a bad one fails where it is written.
+``kv_capacity`` (any kind) bounds the tokens of KV the running requests hold in the simulator
+(``lib.simulator``); the engine's bound is its pool of blocks. A policy checks itself when it is made, so a
+bad one fails where it is written.
 
-Chapters: 6.
+Chapters: 6, 8.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ import statistics
 import numpy as np
 import torch
 
-from lib import models, serving, workloads
+from lib import models, simulator, workloads
 from lib.bench import timing
 from lib.engine import EngineConfig, LLMEngine, SamplingParams, cost
 from lib.engine.metrics import summary
@@ -110,8 +110,8 @@ def configs(params: dict) -> dict:
         "after": EngineConfig(**base, max_num_seqs=64, max_num_batched_tokens=16384, enable_chunked_prefill=False,
                               max_wait=window, prefill_first=True),
         "fix": EngineConfig(**base, max_num_seqs=64, max_num_batched_tokens=2048, long_prefill_token_threshold=1024,
-                            buckets=(serving.Bucket("chat", 2048, priority=0, max_wait=0.0),
-                                     serving.Bucket("doc", 10 ** 9, priority=1, max_wait=window))),
+                            buckets=(simulator.Bucket("chat", 2048, priority=0, max_wait=0.0),
+                                     simulator.Bucket("doc", 10 ** 9, priority=1, max_wait=window))),
     }
 
 
@@ -276,7 +276,7 @@ def capacity(cm, config: EngineConfig, mix, n: int, seed: int = 0) -> float:
     """Requests/s a configuration sustains under the cost model ``cm``: the simulator's tokens/s with every
     request queued at once, over the mean output of a request."""
     reqs = workloads.requests(n, 1e6, mix=mix, seed=seed)
-    tps = serving.summary(serving.simulate(reqs, cm, config.as_policy()))["tokens_per_s"]
+    tps = simulator.summary(simulator.simulate(reqs, cm, config.as_policy()))["tokens_per_s"]
     return tps / (sum(r["output"] for r in reqs) / n)
 
 
