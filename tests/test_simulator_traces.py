@@ -4,8 +4,17 @@ The cost model is ``Ticks``: a step of M tokens lasts 1 + M seconds, whatever th
 is a whole or half number of seconds, exact in floats, and the trace can be followed with pencil and
 paper. It also records what the engine asked of it, (tokens, prefill attention work, decode KV tokens),
 so the tests check the work of each step as well as its timing. Prefill work of a chunk of m tokens
-after c tokens is m (c + m / 2). The KV a running request holds: while it prefills, the tokens prefilled;
-then its prompt plus every token it generated (the token a step yields counts from that step on).
+after c tokens is m (c + m / 2).
+
+KV (the engine's rules, ``lib.engine.scheduler``, in one-token blocks: ``lib.engine.kv.TokenKV``): admission
+reserves a request's tokens to prefill whole (its prompt; after a pre-emption its prompt and the tokens it
+had generated), and only if they fit what is left of ``kv_capacity``; before a step, each request that
+decodes needs room for its whole length (its prompt and its output so far: the token it decodes from
+included), one token more than after its previous step. When that room is not there, the most recently
+admitted running request (ties: the higher id) is pre-empted while the step is planned (the trace record
+of that step lists it), until the room is there or the request that needs it is itself gone. The trace's
+"kv" is the tokens reserved after the step, finished requests released: a request that has yielded n
+tokens holds its prompt + n - 1 (the KV of its newest token is written by the step that decodes from it).
 
 Chapters: 6.
 """
@@ -50,12 +59,15 @@ def step(start, end, prefill=None, decode=(), yielded=(), finished=(), preempted
             "yielded": list(yielded), "finished": list(finished), "preempted": list(preempted), "kv": kv}
 
 
-def result(r, ttft, e2e, tpot, itl_max, queue, prefill, preemptions=0, tokens=None, bucket=""):
-    """The expected result of request ``r``: decode = e2e - ttft and tokens = its output unless said."""
+def result(r, ttft, e2e, tpot, itl, queue, prefill, preemptions=0, tokens=None, bucket=""):
+    """The expected result of request ``r`` (``lib.engine.scheduler.Request.result``): ``itl`` the gaps
+    between its token times, itl_max their largest (NaN: none), decode = e2e - ttft, tokens = its output
+    unless said, no prefix cache (cached 0), every request stopped by its length."""
     return {"id": r["id"], "kind": r["kind"], "bucket": bucket, "input": r["input"], "output": r["output"],
-            "arrival": r["arrival"], "ttft": ttft, "e2e": e2e, "tpot": tpot, "itl_max": itl_max, "queue": queue,
-            "prefill": prefill, "decode": e2e - ttft, "preemptions": preemptions,
-            "tokens": r["output"] if tokens is None else tokens}
+            "arrival": r["arrival"], "ttft": ttft, "e2e": e2e, "tpot": tpot, "itl": itl,
+            "itl_max": max(itl) if itl else NAN, "queue": queue, "prefill": prefill, "decode": e2e - ttft,
+            "preemptions": preemptions, "tokens": r["output"] if tokens is None else tokens, "cached": 0,
+            "finish_reason": "length"}
 
 
 def same(a, b) -> bool:
@@ -92,125 +104,128 @@ def test_static_batching_by_hand():
     the batch {A, B} starts and is locked: C, arriving at 2 s, waits until both have finished.
 
     step 1 [1, 7]:   prefill A 3 + B 2 = 5 tokens, work 3 (0 + 1.5) + 2 (0 + 1) = 6.5; both yield (t 7);
-                     KV: A 3 + 1, B 2 + 1 = 7
-    step 2 [7, 10]:  decode A, B: 2 tokens reading A 4 + B 3 = 7 of KV; B has its 2 tokens and leaves;
-                     KV: A 5
-    step 3 [10, 12]: decode A reading 5; A has its 3 tokens
+                     KV: the prompts reserved at admission, A 3 + B 2 = 5
+    step 2 [7, 10]:  decode A, B: 2 tokens reading A 4 + B 3 = 7 of KV, each grown to its length first
+                     (KV 7); B has its 2 tokens and leaves: KV A 4
+    step 3 [10, 12]: decode A reading 5 (grown to 5); A has its 3 tokens: KV 0
     step 4 [12, 14]: every request has arrived, so C alone is a batch: prefill 1 token, work 0.5; it yields
                      its only token and leaves
     """
     check(THREE, simulator.Policy("static", max_batch=2), [
-        step(1, 7, prefill={0: 3, 1: 2}, yielded=[0, 1], kv=7),
-        step(7, 10, decode=[0, 1], yielded=[0, 1], finished=[1], kv=5),
+        step(1, 7, prefill={0: 3, 1: 2}, yielded=[0, 1], kv=5),
+        step(7, 10, decode=[0, 1], yielded=[0, 1], finished=[1], kv=4),
         step(10, 12, decode=[0], yielded=[0], finished=[0], kv=0),
         step(12, 14, prefill={2: 1}, yielded=[2], finished=[2], kv=0),
     ], [(5, 6.5, 0), (2, 0.0, 7), (1, 0.0, 5), (1, 0.5, 0)], [
         # A: admitted at 1; tokens at 7, 10, 12: TTFT 7, E2E 12, TPOT (12 - 7) / (3 - 1) = 2.5
-        result(THREE[0], ttft=7.0, e2e=12.0, tpot=2.5, itl_max=3.0, queue=1.0, prefill=6.0),
+        result(THREE[0], ttft=7.0, e2e=12.0, tpot=2.5, itl=[3.0, 2.0], queue=1.0, prefill=6.0),
         # B: arrived at 1, tokens at 7 and 10: TTFT 6, E2E 9, TPOT 3 / 1
-        result(THREE[1], ttft=6.0, e2e=9.0, tpot=3.0, itl_max=3.0, queue=0.0, prefill=6.0),
+        result(THREE[1], ttft=6.0, e2e=9.0, tpot=3.0, itl=[3.0], queue=0.0, prefill=6.0),
         # C: arrived at 2, admitted at 12, its one token at 14
-        result(THREE[2], ttft=12.0, e2e=12.0, tpot=NAN, itl_max=NAN, queue=10.0, prefill=2.0),
+        result(THREE[2], ttft=12.0, e2e=12.0, tpot=NAN, itl=[], queue=10.0, prefill=2.0),
     ])
 
 
 def test_dynamic_batching_by_hand():
     """max_batch 2, max_wait 0.5 s: A's batch starts alone when A has waited 0.5 s, before B arrives.
 
-    step 1 [0.5, 4.5]:  prefill A 3 tokens, work 4.5; A yields; KV 4
-    step 2 [4.5, 6.5]:  decode A reading 4 (B and C queued meanwhile: the batch is locked); KV 5
-    step 3 [6.5, 8.5]:  decode A reading 5; A done
-    step 4 [8.5, 12.5]: B and C fill a batch: prefill 2 + 1 tokens, work 2 + 0.5; C done; KV: B 3
+    step 1 [0.5, 4.5]:  prefill A 3 tokens, work 4.5; A yields; KV 3 (its prompt)
+    step 2 [4.5, 6.5]:  decode A reading 4 (B and C queued meanwhile: the batch is locked); KV 4
+    step 3 [6.5, 8.5]:  decode A reading 5; A done: KV 0
+    step 4 [8.5, 12.5]: B and C fill a batch: prefill 2 + 1 tokens, work 2 + 0.5; KV 2 + 1; C done: B 2
     step 5 [12.5, 14.5]: decode B reading 3; B done
     """
     check(THREE, simulator.Policy("dynamic", max_batch=2, max_wait=0.5), [
-        step(0.5, 4.5, prefill={0: 3}, yielded=[0], kv=4),
-        step(4.5, 6.5, decode=[0], yielded=[0], kv=5),
+        step(0.5, 4.5, prefill={0: 3}, yielded=[0], kv=3),
+        step(4.5, 6.5, decode=[0], yielded=[0], kv=4),
         step(6.5, 8.5, decode=[0], yielded=[0], finished=[0], kv=0),
-        step(8.5, 12.5, prefill={1: 2, 2: 1}, yielded=[1, 2], finished=[2], kv=3),
+        step(8.5, 12.5, prefill={1: 2, 2: 1}, yielded=[1, 2], finished=[2], kv=2),
         step(12.5, 14.5, decode=[1], yielded=[1], finished=[1], kv=0),
     ], [(3, 4.5, 0), (1, 0.0, 4), (1, 0.0, 5), (3, 2.5, 0), (1, 0.0, 3)], [
-        result(THREE[0], ttft=4.5, e2e=8.5, tpot=2.0, itl_max=2.0, queue=0.5, prefill=4.0),
+        result(THREE[0], ttft=4.5, e2e=8.5, tpot=2.0, itl=[2.0, 2.0], queue=0.5, prefill=4.0),
         # B: arrived at 1, admitted at 8.5, tokens at 12.5 and 14.5
-        result(THREE[1], ttft=11.5, e2e=13.5, tpot=2.0, itl_max=2.0, queue=7.5, prefill=4.0),
-        result(THREE[2], ttft=10.5, e2e=10.5, tpot=NAN, itl_max=NAN, queue=6.5, prefill=4.0),
+        result(THREE[1], ttft=11.5, e2e=13.5, tpot=2.0, itl=[2.0], queue=7.5, prefill=4.0),
+        result(THREE[2], ttft=10.5, e2e=10.5, tpot=NAN, itl=[], queue=6.5, prefill=4.0),
     ])
 
 
 def test_continuous_batching_by_hand():
     """Every step admits what has arrived: B and C join A's decode at 4 s.
 
-    step 1 [0, 4]:  prefill A 3 tokens, work 4.5; KV 4
+    step 1 [0, 4]:  prefill A 3 tokens, work 4.5; KV 3
     step 2 [4, 9]:  prefill B 2 and C 1 (work 2 + 0.5) and decode A reading 4: 4 tokens; B, C then A
-                    yield; C done; KV: A 5 + B 3 = 8
+                    yield; KV: A 4 + B 2 + C 1 = 7; C done: 6
     step 3 [9, 12]: decode A, B reading 5 + 3 = 8; both done
     """
     check(THREE, simulator.Policy("continuous"), [
-        step(0, 4, prefill={0: 3}, yielded=[0], kv=4),
-        step(4, 9, prefill={1: 2, 2: 1}, decode=[0], yielded=[1, 2, 0], finished=[2], kv=8),
+        step(0, 4, prefill={0: 3}, yielded=[0], kv=3),
+        step(4, 9, prefill={1: 2, 2: 1}, decode=[0], yielded=[1, 2, 0], finished=[2], kv=6),
         step(9, 12, decode=[0, 1], yielded=[0, 1], finished=[0, 1], kv=0),
     ], [(3, 4.5, 0), (4, 2.5, 4), (2, 0.0, 8)], [
         # A: tokens at 4, 9, 12: TPOT (12 - 4) / 2 = 4, longest gap 5
-        result(THREE[0], ttft=4.0, e2e=12.0, tpot=4.0, itl_max=5.0, queue=0.0, prefill=4.0),
+        result(THREE[0], ttft=4.0, e2e=12.0, tpot=4.0, itl=[5.0, 3.0], queue=0.0, prefill=4.0),
         # B: arrived at 1, admitted at 4 (the next step), tokens at 9 and 12
-        result(THREE[1], ttft=8.0, e2e=11.0, tpot=3.0, itl_max=3.0, queue=3.0, prefill=5.0),
-        result(THREE[2], ttft=7.0, e2e=7.0, tpot=NAN, itl_max=NAN, queue=2.0, prefill=5.0),
+        result(THREE[1], ttft=8.0, e2e=11.0, tpot=3.0, itl=[3.0], queue=3.0, prefill=5.0),
+        result(THREE[2], ttft=7.0, e2e=7.0, tpot=NAN, itl=[], queue=2.0, prefill=5.0),
     ])
 
 
 def test_prefill_first_pauses_decode_by_hand():
     """As the continuous trace, but the step that prefills B and C runs no decode: A waits.
 
-    step 1 [0, 4]:   prefill A; KV 4
-    step 2 [4, 8]:   prefill B 2, C 1 (3 tokens, work 2.5), no decode; C done; KV: A 4 + B 3 = 7
-    step 3 [8, 11]:  decode A, B reading 4 + 3; B done; KV: A 5
+    step 1 [0, 4]:   prefill A; KV 3
+    step 2 [4, 8]:   prefill B 2, C 1 (3 tokens, work 2.5), no decode (A does not grow); KV: A 3 + B 2 +
+                     C 1 = 6; C done: 5
+    step 3 [8, 11]:  decode A, B reading 4 + 3 (KV 7); B done; KV: A 4
     step 4 [11, 13]: decode A reading 5; done
     """
     check(THREE, simulator.Policy("continuous", prefill_first=True), [
-        step(0, 4, prefill={0: 3}, yielded=[0], kv=4),
-        step(4, 8, prefill={1: 2, 2: 1}, yielded=[1, 2], finished=[2], kv=7),
-        step(8, 11, decode=[0, 1], yielded=[0, 1], finished=[1], kv=5),
+        step(0, 4, prefill={0: 3}, yielded=[0], kv=3),
+        step(4, 8, prefill={1: 2, 2: 1}, yielded=[1, 2], finished=[2], kv=5),
+        step(8, 11, decode=[0, 1], yielded=[0, 1], finished=[1], kv=4),
         step(11, 13, decode=[0], yielded=[0], finished=[0], kv=0),
     ], [(3, 4.5, 0), (3, 2.5, 0), (2, 0.0, 7), (1, 0.0, 5)], [
         # A: tokens at 4, 11, 13: the gap of 7 is the paused decode
-        result(THREE[0], ttft=4.0, e2e=13.0, tpot=4.5, itl_max=7.0, queue=0.0, prefill=4.0),
-        result(THREE[1], ttft=7.0, e2e=10.0, tpot=3.0, itl_max=3.0, queue=3.0, prefill=4.0),
-        result(THREE[2], ttft=6.0, e2e=6.0, tpot=NAN, itl_max=NAN, queue=2.0, prefill=4.0),
+        result(THREE[0], ttft=4.0, e2e=13.0, tpot=4.5, itl=[7.0, 2.0], queue=0.0, prefill=4.0),
+        result(THREE[1], ttft=7.0, e2e=10.0, tpot=3.0, itl=[3.0], queue=3.0, prefill=4.0),
+        result(THREE[2], ttft=6.0, e2e=6.0, tpot=NAN, itl=[], queue=2.0, prefill=4.0),
     ])
 
 
 def test_chunked_prefill_by_hand():
     """chunk 2, token_budget 3: a prompt goes in chunks of at most 2 tokens, at most 3 prompt tokens a step.
 
-    step 1 [0, 3]:   A's first chunk, 2 tokens (work 2 (0 + 1) = 2); no token yet; KV 2
-    at 3 s B and C are admitted (their first chunks, 2 + 1, fit the budget of 3)
+    step 1 [0, 3]:   A's first chunk, 2 tokens (work 2 (0 + 1) = 2); no token yet; KV 3 (A's whole prompt
+                     is reserved at admission, not chunk by chunk)
+    at 3 s B and C are admitted (their first chunks, 2 + 1, fit the budget of 3): KV 3 + 2 + 1 = 6
     step 2 [3, 7]:   A's last token (work 1 (2 + 0.5) = 2.5), B's 2 (work 2): the budget is spent, C waits
-                     although admitted; A and B yield; KV: A 4 + B 3 = 7
-    step 3 [7, 11]:  C's 1 token (work 0.5) and decode A, B reading 4 + 3; C, then A, B yield; C and B done;
-                     KV: A 5
+                     although admitted; A and B yield; KV 6
+    step 3 [7, 11]:  C's 1 token (work 0.5) and decode A, B reading 4 + 3; C, then A, B yield; KV A 4 + B 3
+                     + C 1 = 8; C and B done: KV A 4
     step 4 [11, 13]: decode A reading 5; done
     """
     check(THREE, simulator.Policy("continuous", chunk=2, token_budget=3), [
-        step(0, 3, prefill={0: 2}, kv=2),
-        step(3, 7, prefill={0: 1, 1: 2}, yielded=[0, 1], kv=7),
-        step(7, 11, prefill={2: 1}, decode=[0, 1], yielded=[2, 0, 1], finished=[2, 1], kv=5),
+        step(0, 3, prefill={0: 2}, kv=3),
+        step(3, 7, prefill={0: 1, 1: 2}, yielded=[0, 1], kv=6),
+        step(7, 11, prefill={2: 1}, decode=[0, 1], yielded=[2, 0, 1], finished=[2, 1], kv=4),
         step(11, 13, decode=[0], yielded=[0], finished=[0], kv=0),
     ], [(2, 2.0, 0), (3, 4.5, 0), (3, 0.5, 7), (1, 0.0, 5)], [
         # A prefilled in steps 1 and 2 (3 s + 4 s); tokens at 7, 11, 13
-        result(THREE[0], ttft=7.0, e2e=13.0, tpot=3.0, itl_max=4.0, queue=0.0, prefill=7.0),
-        result(THREE[1], ttft=6.0, e2e=10.0, tpot=4.0, itl_max=4.0, queue=2.0, prefill=4.0),
+        result(THREE[0], ttft=7.0, e2e=13.0, tpot=3.0, itl=[4.0, 2.0], queue=0.0, prefill=7.0),
+        result(THREE[1], ttft=6.0, e2e=10.0, tpot=4.0, itl=[4.0], queue=2.0, prefill=4.0),
         # C: admitted at 3 (queue 1), prefilled only in step 3
-        result(THREE[2], ttft=9.0, e2e=9.0, tpot=NAN, itl_max=NAN, queue=1.0, prefill=4.0),
+        result(THREE[2], ttft=9.0, e2e=9.0, tpot=NAN, itl=[], queue=1.0, prefill=4.0),
     ])
 
 
 def test_a_chunk_larger_than_the_budget_is_cut_to_it():
-    """chunk 4 but token_budget 3: a 5-token prompt goes 3 + 2 (work 3 (0 + 1.5) = 4.5, then 2 (3 + 1) = 8)."""
+    """chunk 4 but token_budget 3: a 5-token prompt goes 3 + 2 (work 3 (0 + 1.5) = 4.5, then 2 (3 + 1) = 8);
+    its 5 tokens of KV are reserved at admission, before its first chunk."""
     check([req(0, 0, 5, 1)], simulator.Policy("continuous", chunk=4, token_budget=3), [
-        step(0, 4, prefill={0: 3}, kv=3),
+        step(0, 4, prefill={0: 3}, kv=5),
         step(4, 7, prefill={0: 2}, yielded=[0], finished=[0], kv=0),
     ], [(3, 4.5, 0), (2, 8.0, 0)], [
-        result(req(0, 0, 5, 1), ttft=7.0, e2e=7.0, tpot=NAN, itl_max=NAN, queue=0.0, prefill=7.0),
+        result(req(0, 0, 5, 1), ttft=7.0, e2e=7.0, tpot=NAN, itl=[], queue=0.0, prefill=7.0),
     ])
 
 
@@ -298,16 +313,16 @@ def test_bucket_priority_decides_who_runs_first():
     """max_running 1; the long bucket has priority 0 (first), the short one 1. Both arrive at 0 s: the long
     prompt (3 in, 2 out) runs first although the short bucket is listed first.
 
-    step 1 [0, 4]: prefill 0; step 2 [4, 6]: decode 0 reading 4; step 3 [6, 8]: prefill 1 (1 token)."""
+    step 1 [0, 4]: prefill 0 (KV 3); step 2 [4, 6]: decode 0 reading 4; step 3 [6, 8]: prefill 1 (1 token)."""
     reqs = [req(0, 0, 3, 2), req(1, 0, 1, 1)]
     buckets = (simulator.Bucket("short", 2, priority=1), simulator.Bucket("long", 10**6, priority=0))
     check(reqs, simulator.Policy("continuous", max_running=1, buckets=buckets), [
-        step(0, 4, prefill={0: 3}, yielded=[0], kv=4),
+        step(0, 4, prefill={0: 3}, yielded=[0], kv=3),
         step(4, 6, decode=[0], yielded=[0], finished=[0], kv=0),
         step(6, 8, prefill={1: 1}, yielded=[1], finished=[1], kv=0),
     ], [(3, 4.5, 0), (1, 0.0, 4), (1, 0.5, 0)], [
-        result(reqs[0], ttft=4.0, e2e=6.0, tpot=2.0, itl_max=2.0, queue=0.0, prefill=4.0, bucket="long"),
-        result(reqs[1], ttft=8.0, e2e=8.0, tpot=NAN, itl_max=NAN, queue=6.0, prefill=2.0, bucket="short"),
+        result(reqs[0], ttft=4.0, e2e=6.0, tpot=2.0, itl=[2.0], queue=0.0, prefill=4.0, bucket="long"),
+        result(reqs[1], ttft=8.0, e2e=8.0, tpot=NAN, itl=[], queue=6.0, prefill=2.0, bucket="short"),
     ])
 
 
@@ -323,9 +338,9 @@ def test_bucket_running_cap_holds_back_its_own_requests_only():
         step(0, 5, prefill={2: 1, 0: 3}, yielded=[2, 0], finished=[2, 0], kv=0),
         step(5, 10, prefill={1: 4}, yielded=[1], finished=[1], kv=0),
     ], [(4, 5.0, 0), (4, 8.0, 0)], [
-        result(reqs[0], ttft=5.0, e2e=5.0, tpot=NAN, itl_max=NAN, queue=0.0, prefill=5.0, bucket="long"),
-        result(reqs[1], ttft=10.0, e2e=10.0, tpot=NAN, itl_max=NAN, queue=5.0, prefill=5.0, bucket="long"),
-        result(reqs[2], ttft=5.0, e2e=5.0, tpot=NAN, itl_max=NAN, queue=0.0, prefill=5.0, bucket="short"),
+        result(reqs[0], ttft=5.0, e2e=5.0, tpot=NAN, itl=[], queue=0.0, prefill=5.0, bucket="long"),
+        result(reqs[1], ttft=10.0, e2e=10.0, tpot=NAN, itl=[], queue=5.0, prefill=5.0, bucket="long"),
+        result(reqs[2], ttft=5.0, e2e=5.0, tpot=NAN, itl=[], queue=0.0, prefill=5.0, bucket="short"),
     ])
     assert [r["bucket"] for r in res] == ["long", "long", "short"]
 
@@ -334,23 +349,23 @@ def test_bucket_running_cap_counts_the_running_requests_by_hand():
     """Three 2-token prompts at 0 s, all in the long bucket, which runs at most 2 (the short bucket takes
     prompts of 1 token).
 
-    step 1 [0, 5]:   prefill 0 and 1 (work 2 + 2); KV 3 + 3; 2 waits: 2 of its bucket run
-    step 2 [5, 8]:   decode 0, 1 reading 6; 0 (2 tokens) done; KV: 1 holds 2 + 2
-    at 8 s one of the bucket runs: 2 is admitted
-    step 3 [8, 12]:  prefill 2 (work 2), decode 1 reading 4; 2 done; KV: 1 holds 5
+    step 1 [0, 5]:   prefill 0 and 1 (work 2 + 2); KV 2 + 2; 2 waits: 2 of its bucket run
+    step 2 [5, 8]:   decode 0, 1 reading 6 (KV 3 + 3); 0 (2 tokens) done; KV: 1 holds 3
+    at 8 s one of the bucket runs: 2 is admitted (KV 3 + 2)
+    step 3 [8, 12]:  prefill 2 (work 2), decode 1 reading 4 (KV 4 + 2); 2 done; KV: 1 holds 4
     step 4 [12, 14]: decode 1 reading 5; done
     """
     reqs = [req(0, 0, 2, 2), req(1, 0, 2, 4), req(2, 0, 2, 1)]
     buckets = (simulator.Bucket("short", 1), simulator.Bucket("long", 10**6, max_running=2))
     check(reqs, simulator.Policy("continuous", buckets=buckets), [
-        step(0, 5, prefill={0: 2, 1: 2}, yielded=[0, 1], kv=6),
-        step(5, 8, decode=[0, 1], yielded=[0, 1], finished=[0], kv=4),
-        step(8, 12, prefill={2: 2}, decode=[1], yielded=[2, 1], finished=[2], kv=5),
+        step(0, 5, prefill={0: 2, 1: 2}, yielded=[0, 1], kv=4),
+        step(5, 8, decode=[0, 1], yielded=[0, 1], finished=[0], kv=3),
+        step(8, 12, prefill={2: 2}, decode=[1], yielded=[2, 1], finished=[2], kv=4),
         step(12, 14, decode=[1], yielded=[1], finished=[1], kv=0),
     ], [(4, 4.0, 0), (2, 0.0, 6), (3, 2.0, 4), (1, 0.0, 5)], [
-        result(reqs[0], ttft=5.0, e2e=8.0, tpot=3.0, itl_max=3.0, queue=0.0, prefill=5.0, bucket="long"),
-        result(reqs[1], ttft=5.0, e2e=14.0, tpot=3.0, itl_max=4.0, queue=0.0, prefill=5.0, bucket="long"),
-        result(reqs[2], ttft=12.0, e2e=12.0, tpot=NAN, itl_max=NAN, queue=8.0, prefill=4.0, bucket="long"),
+        result(reqs[0], ttft=5.0, e2e=8.0, tpot=3.0, itl=[3.0], queue=0.0, prefill=5.0, bucket="long"),
+        result(reqs[1], ttft=5.0, e2e=14.0, tpot=3.0, itl=[3.0, 4.0, 2.0], queue=0.0, prefill=5.0, bucket="long"),
+        result(reqs[2], ttft=12.0, e2e=12.0, tpot=NAN, itl=[], queue=8.0, prefill=4.0, bucket="long"),
     ])
 
 
