@@ -234,78 +234,116 @@ PREEMPT = [req(0, 0, 3, 3), req(1, 1, 2, 3), req(2, 2, 1, 1)]
 
 
 def test_preemption_of_the_newest_by_hand():
-    """kv_capacity 7 tokens. Admission needs KV in use + prompt + 1 <= 7.
+    """kv_capacity 7 tokens. Admission reserves a request's prompt whole if it fits: KV in use + prompt <= 7.
 
-    step 1 [0, 4]:   prefill A (0 + 3 + 1 <= 7); KV 4
-    at 4 s: B fits (4 + 2 + 1 = 7), C then does not (4 + 2 + 1 + 1 = 8 > 7)
-    step 2 [4, 8]:   prefill B 2 (work 2), decode A reading 4; A and B yield: KV A 5 + B 3 = 8 > 7: B, the
-                     newest, is pre-empted (KV 5) and goes back to the front of the queue, to prefill its
-                     2 prompt tokens and its 1 generated token again
-    at 8 s: B needs 5 + 3 + 1 = 9 > 7: nobody is admitted (C waits behind B)
-    step 3 [8, 10]:  decode A reading 5; A done; KV 0
-    at 10 s: B (0 + 3 + 1) and C (3 + 1 + 1) are admitted
-    step 4 [10, 15]: prefill B 3 (work 4.5) and C 1 (0.5); B yields its 2nd token, C its only; KV: B 2 + 2
-    step 5 [15, 17]: decode B reading its 2 prompt + 2 generated tokens = 4; done
+    step 1 [0, 4]:   A admitted (0 + 3 <= 7), prefills 3 (work 4.5) and yields; KV 3
+    at 4 s: B (3 + 2 = 5) and C (5 + 1 = 6) are admitted; A, decoding, grows to its length 4: KV 7, no
+                     pre-emption
+    step 2 [4, 9]:   prefill B 2 and C 1 (work 2 + 0.5), decode A reading 4: 4 tokens; B, C, A yield; C
+                     done: KV A 4 + B 2 = 6
+    at 9 s: A grows to 5 (KV 7); B, to decode, needs 3 but holds 2 and the KV is full: the newest running
+                     request, B (admitted at 4 s, A at 0 s), is pre-empted while the step is planned: its 2
+                     go back (KV 5) and it returns to the front of the queue, to prefill its 2 prompt tokens
+                     and its 1 generated token again
+    step 3 [9, 11]:  decode A reading 5; A done: KV 0
+    at 11 s: B is admitted again (0 + 3 <= 7)
+    step 4 [11, 15]: prefill B 3 (work 4.5); B yields its 2nd token; KV 3
+    step 5 [15, 17]: decode B reading its 2 prompt + 2 generated tokens = 4 (KV 4); done
     """
     check(PREEMPT, simulator.Policy("continuous", kv_capacity=7), [
-        step(0, 4, prefill={0: 3}, yielded=[0], kv=4),
-        step(4, 8, prefill={1: 2}, decode=[0], yielded=[1, 0], preempted=[1], kv=5),
-        step(8, 10, decode=[0], yielded=[0], finished=[0], kv=0),
-        step(10, 15, prefill={1: 3, 2: 1}, yielded=[1, 2], finished=[2], kv=4),
+        step(0, 4, prefill={0: 3}, yielded=[0], kv=3),
+        step(4, 9, prefill={1: 2, 2: 1}, decode=[0], yielded=[1, 2, 0], finished=[2], kv=6),
+        step(9, 11, decode=[0], yielded=[0], finished=[0], preempted=[1], kv=0),
+        step(11, 15, prefill={1: 3}, yielded=[1], kv=3),
+        step(15, 17, decode=[1], yielded=[1], finished=[1], kv=0),
+    ], [(3, 4.5, 0), (4, 2.5, 4), (1, 0.0, 5), (3, 4.5, 0), (1, 0.0, 4)], [
+        # A: tokens at 4, 9, 11
+        result(PREEMPT[0], ttft=4.0, e2e=11.0, tpot=3.5, itl=[5.0, 2.0], queue=0.0, prefill=4.0),
+        # B: arrived at 1, first admitted at 4, tokens at 9 (kept through the pre-emption), 15, 17; in
+        # prefill before its first token: step 2 (5 s); step 4 recomputes its KV after it, no stage of its TTFT
+        result(PREEMPT[1], ttft=8.0, e2e=16.0, tpot=4.0, itl=[6.0, 2.0], queue=3.0, prefill=5.0, preemptions=1),
+        result(PREEMPT[2], ttft=7.0, e2e=7.0, tpot=NAN, itl=[], queue=2.0, prefill=5.0),
+    ])
+
+
+def test_the_newest_is_preempted_not_the_request_that_needs_the_room_by_hand():
+    """The trace above with kv_capacity 6: the request that needs a token of room (A, the oldest) keeps
+    running; the newest running requests make room, even one admitted while this very step is planned.
+
+    step 1 [0, 4]:   prefill A 3; KV 3
+    at 4 s: B (3 + 2 = 5) and C (5 + 1 = 6) are admitted; A needs room for 4 and the KV is full: the newest,
+                     C (admitted at 4 s with B: the higher id), is pre-empted before it prefilled anything
+                     (KV 5) and A grows to 4 (KV 6)
+    step 2 [4, 8]:   prefill B 2 (work 2), decode A reading 4: 3 tokens; B, A yield; KV A 4 + B 2 = 6
+    at 8 s: C (6 + 1 > 6) is not admitted; A needs 5: the newest, B, is pre-empted (KV 4), A grows (KV 5)
+    step 3 [8, 10]:  decode A reading 5; A done: KV 0
+    at 10 s: B, at the front of the queue, to prefill 2 + 1 tokens (KV 3), then C (KV 4)
+    step 4 [10, 15]: prefill B 3 (work 4.5), C 1 (0.5); B yields its 2nd token, C its only; C done: KV 3
+    step 5 [15, 17]: decode B reading 4; done
+    """
+    check(PREEMPT, simulator.Policy("continuous", kv_capacity=6), [
+        step(0, 4, prefill={0: 3}, yielded=[0], kv=3),
+        step(4, 8, prefill={1: 2}, decode=[0], yielded=[1, 0], preempted=[2], kv=6),
+        step(8, 10, decode=[0], yielded=[0], finished=[0], preempted=[1], kv=0),
+        step(10, 15, prefill={1: 3, 2: 1}, yielded=[1, 2], finished=[2], kv=3),
         step(15, 17, decode=[1], yielded=[1], finished=[1], kv=0),
     ], [(3, 4.5, 0), (3, 2.0, 4), (1, 0.0, 5), (4, 5.0, 0), (1, 0.0, 4)], [
-        result(PREEMPT[0], ttft=4.0, e2e=10.0, tpot=3.0, itl_max=4.0, queue=0.0, prefill=4.0),
-        # B: first admitted at 4, first token at 8 (kept through the pre-emption), then 15, 17; it was in
-        # prefill before its first token: step 2 (4 s); step 4 recomputes its KV after it, no stage of its TTFT
-        result(PREEMPT[1], ttft=7.0, e2e=16.0, tpot=4.5, itl_max=7.0, queue=3.0, prefill=4.0, preemptions=1),
-        result(PREEMPT[2], ttft=13.0, e2e=13.0, tpot=NAN, itl_max=NAN, queue=8.0, prefill=5.0),
+        result(PREEMPT[0], ttft=4.0, e2e=10.0, tpot=3.0, itl=[4.0, 2.0], queue=0.0, prefill=4.0),
+        # B: tokens at 8, 15, 17; in prefill before its first token: step 2 (4 s)
+        result(PREEMPT[1], ttft=7.0, e2e=16.0, tpot=4.5, itl=[7.0, 2.0], queue=3.0, prefill=4.0, preemptions=1),
+        # C: first admitted at 4 (queue 2), pre-empted at once; prefilled only in step 4 (5 s), its token at 15
+        result(PREEMPT[2], ttft=13.0, e2e=13.0, tpot=NAN, itl=[], queue=2.0, prefill=5.0, preemptions=1),
     ])
 
 
 def test_the_newest_is_preempted_whatever_its_id():
-    """The trace above with the ids relabelled so that the newest request (B, now id 3) has a lower id than
-    the oldest (A, now 5): B is still the one pre-empted."""
+    """The capacity-7 trace above with the ids relabelled so that the newest request (B, now id 3) has a lower
+    id than the oldest (A, now 5): B is still the one pre-empted."""
     ids = {0: 5, 1: 3, 2: 4}
     reqs = [dict(r, id=ids[r["id"]]) for r in PREEMPT]
     res, trace, calls = run(reqs, simulator.Policy("continuous", kv_capacity=7))
-    assert [s["preempted"] for s in trace] == [[], [3], [], [], []]
-    assert calls == [(3, 4.5, 0), (3, 2.0, 4), (1, 0.0, 5), (4, 5.0, 0), (1, 0.0, 4)]
-    assert [(r["id"], r["preemptions"], r["e2e"]) for r in res] == [(3, 1, 16.0), (4, 0, 13.0), (5, 0, 10.0)]
+    assert [s["preempted"] for s in trace] == [[], [], [3], [], []]
+    assert calls == [(3, 4.5, 0), (4, 2.5, 4), (1, 0.0, 5), (3, 4.5, 0), (1, 0.0, 4)]
+    assert [(r["id"], r["preemptions"], r["e2e"]) for r in res] == [(3, 1, 16.0), (4, 0, 7.0), (5, 0, 11.0)]
 
 
 def test_preemption_tie_goes_to_the_higher_id():
     """Two requests admitted together at 0 s (2 in, 4 out each), kv_capacity 8.
 
-    step 1 [0, 5]:   prefill both (4 tokens, work 2 + 2); KV 3 + 3
-    step 2 [5, 8]:   decode both reading 6; KV 8 (fits)
-    step 3 [8, 11]:  decode both reading 8; KV 10 > 8: both were admitted at 0, so the higher id (1) goes;
-                     KV 5
-    step 4 [11, 13]: decode 0 reading 5; done
-    step 5 [13, 19]: 1 prefills its 2 + 3 tokens again (work 5 x 2.5 = 12.5) and yields its last token
+    step 1 [0, 5]:   prefill both (4 tokens, work 2 + 2); KV 2 + 2
+    step 2 [5, 8]:   each grows to 3 (KV 6); decode both reading 6
+    step 3 [8, 11]:  each grows to 4 (KV 8, full); decode both reading 8
+    at 11 s: 0 needs 5 and the KV is full: both were admitted at 0, so the higher id (1) is pre-empted (KV 4,
+                     and 1 is to prefill its 2 + 3 tokens again); 0 grows to 5
+    step 4 [11, 13]: decode 0 reading 5; done: KV 0
+    step 5 [13, 19]: 1 is admitted (5 reserved), prefills its 2 + 3 tokens again (work 5 x 2.5 = 12.5) and
+                     yields its last token
     """
     two = [req(0, 0, 2, 4), req(1, 0, 2, 4)]
     res = check(two, simulator.Policy("continuous", kv_capacity=8), [
-        step(0, 5, prefill={0: 2, 1: 2}, yielded=[0, 1], kv=6),
-        step(5, 8, decode=[0, 1], yielded=[0, 1], kv=8),
-        step(8, 11, decode=[0, 1], yielded=[0, 1], preempted=[1], kv=5),
-        step(11, 13, decode=[0], yielded=[0], finished=[0], kv=0),
+        step(0, 5, prefill={0: 2, 1: 2}, yielded=[0, 1], kv=4),
+        step(5, 8, decode=[0, 1], yielded=[0, 1], kv=6),
+        step(8, 11, decode=[0, 1], yielded=[0, 1], kv=8),
+        step(11, 13, decode=[0], yielded=[0], finished=[0], preempted=[1], kv=0),
         step(13, 19, prefill={1: 5}, yielded=[1], finished=[1], kv=0),
     ], [(4, 4.0, 0), (2, 0.0, 6), (2, 0.0, 8), (1, 0.0, 5), (5, 12.5, 0)], [
-        result(two[0], ttft=5.0, e2e=13.0, tpot=8 / 3, itl_max=3.0, queue=0.0, prefill=5.0),
-        # step 1 (5 s) before its first token; step 5 recomputes after it
-        result(two[1], ttft=5.0, e2e=19.0, tpot=14 / 3, itl_max=8.0, queue=0.0, prefill=5.0, preemptions=1),
+        # 0: tokens at 5, 8, 11, 13
+        result(two[0], ttft=5.0, e2e=13.0, tpot=8 / 3, itl=[3.0, 3.0, 2.0], queue=0.0, prefill=5.0),
+        # 1: tokens at 5, 8, 11, 19; step 1 (5 s) before its first token; step 5 recomputes after it
+        result(two[1], ttft=5.0, e2e=19.0, tpot=14 / 3, itl=[3.0, 3.0, 8.0], queue=0.0, prefill=5.0,
+               preemptions=1),
     ])
     assert [r["preemptions"] for r in res] == [0, 1]
 
 
 def test_static_batches_respect_the_kv_capacity_too():
-    """Static, max_batch 2, kv_capacity 8, the two requests above: the locked batch loses request 1 at
-    11 s as in the continuous case; it waits in the queue until the batch (now request 0 alone) is done
-    and then forms a batch of its own."""
+    """Static, max_batch 2, kv_capacity 8, the two requests above: the locked batch loses request 1 while
+    planning the step at 11 s as in the continuous case; it waits in the queue until the batch (now request
+    0 alone) is done and then forms a batch of its own."""
     two = [req(0, 0, 2, 4), req(1, 0, 2, 4)]
     res, trace, _ = run(two, simulator.Policy("static", max_batch=2, kv_capacity=8))
     assert [(s["start"], s["end"], s["preempted"]) for s in trace] == [
-        (0.0, 5.0, []), (5.0, 8.0, []), (8.0, 11.0, [1]), (11.0, 13.0, []), (13.0, 19.0, [])]
+        (0.0, 5.0, []), (5.0, 8.0, []), (8.0, 11.0, []), (11.0, 13.0, [1]), (13.0, 19.0, [])]
     assert [r["e2e"] for r in res] == [13.0, 19.0]
 
 
