@@ -478,65 +478,78 @@ def test_a_held_bucket_does_not_hold_back_the_buckets_after_it():
 
 def test_a_readmitted_request_holds_its_kv_once_by_hand():
     """Two requests at 0 s, 10 + 80 and 10 + 60 tokens, kv_capacity 100. Alone, request 1 needs at most
-    10 + 59 = 69 tokens of KV: once request 0 has finished it must never be pre-empted again.
+    10 + 59 = 69 tokens of KV (its last decode reads its prompt and 59 tokens): once request 0 has finished
+    it must never be pre-empted again.
 
-    step 1 [0, 21]:    prefill both (20 tokens); both yield: KV 11 + 11 = 22
-    steps 2 to 41:     decode both (3 s each); after step k each holds 10 + k: KV 100 fits after step 40,
-                       102 after step 41 [138, 141]: request 1 (the higher id of two admitted together) is
-                       pre-empted with 41 tokens generated; KV 51
-    steps 42 to 80:    request 1 needs 51 + 51 + 1 = 103 > 100 and waits; request 0 decodes alone (2 s each)
-                       from 41 to 80 tokens and leaves at 141 + 39 x 2 = 219; KV 0
-    step 81 [219, 271]: request 1 prefills its 10 + 41 tokens again (52 s) and yields its 42nd: KV 52
-    steps 82 to 99:    it decodes its last 18 tokens alone (2 s each), holding at most 10 + 59 = 69,
-                       and leaves at 271 + 36 = 307
-    With chunks of 8 the prompts go in as 8 then 2 (steps [0, 17] and [17, 22]), everything after is 1 s
-    later, and request 1's recomputation takes 6 chunks of 8 and one of 3 (52 s + 6 s of steps)."""
+    step 1 [0, 21]:     prefill both (20 tokens); both yield: KV 10 + 10 = 20
+    decode steps 1 to 40 (3 s each): before decode k each grows to 10 + k: after the 40th, ending at
+                        21 + 40 x 3 = 141, KV 50 + 50 = 100 (full), each with 41 tokens
+    at 141 s:           request 0 needs 51: request 1 (the higher id of two admitted together) is pre-empted
+                        with 41 tokens generated (KV 50), 0 grows (KV 51)
+    trace[41] [141, 143]: decode 0 alone; KV 51
+    then:               request 1 needs 10 + 41 = 51 and waits (51 + 51 > 100); request 0 decodes alone (2 s
+                        each) from 42 to 80 tokens, 38 more steps, and leaves at 143 + 38 x 2 = 219; KV 0
+    trace[80] [219, 271]: request 1 reserves and prefills its 10 + 41 tokens again (52 s) and yields its
+                        42nd: KV 51
+    trace[81:99]:       it decodes its last 18 tokens alone (2 s each), growing to 10 + 59 = 69 for the last
+                        one, and leaves at 271 + 36 = 307; the trace's KV after each step: at most 68 (after
+                        the last it is released); 99 steps in all
+    With chunks of 8 the prompts go in as 8 then 2 (steps [0, 17] and [17, 22]; the whole prompts reserved
+    at admission), everything after is 1 s later and one index on, and request 1's recomputation takes 6
+    chunks of 8 and one of 3 (52 s + 6 s of steps; 106 steps)."""
     two = [req(0, 0, 10, 80), req(1, 0, 10, 60)]
-    for chunk, first, pre, leave0, leave1, steps in [(None, 21.0, 40, 219.0, 307.0, 99), (8, 22.0, 41, 220.0, 314.0, 106)]:
+    for chunk, first, pre, leave0, leave1, steps in [(None, 21.0, 41, 219.0, 307.0, 99), (8, 22.0, 42, 220.0, 314.0, 106)]:
         res, trace, _ = run(two, simulator.Policy("continuous", kv_capacity=100, chunk=chunk))
         assert len(trace) == steps
         assert [i for i, s in enumerate(trace) if s["preempted"]] == [pre] and trace[pre]["preempted"] == [1]
-        assert (trace[pre]["end"], trace[pre]["kv"], trace[pre - 1]["kv"]) == (first + 40 * 3, 51, 100)
+        assert trace[pre]["decode"] == [0] and trace[pre - 1]["decode"] == [0, 1]
+        assert (trace[pre]["end"], trace[pre]["kv"], trace[pre - 1]["kv"]) == (first + 40 * 3 + 2, 51, 100)
         done0 = next(i for i, s in enumerate(trace) if s["finished"] == [0])
         assert trace[done0]["end"] == leave0 and trace[done0]["kv"] == 0
         after = trace[done0 + 1:]
-        assert not any(s["preempted"] for s in after) and max(s["kv"] for s in after) == 69
+        assert not any(s["preempted"] for s in after) and max(s["kv"] for s in after) == 68
+        assert after[-1]["decode"] == [1] and after[-1]["kv"] == 0
         assert sum(s["prefill"].get(1, 0) for s in after) == 51  # its prompt and 41 tokens, once
         assert [(r["preemptions"], r["ttft"], r["e2e"], r["tokens"]) for r in res] == [
             (0, first, leave0, 80), (1, first, leave1, 60)]
 
 
-def test_a_policy_that_recomputes_forever_is_stopped_by_hand(monkeypatch):
-    """A planted bug: admission that ignores the KV capacity. With chunks of 2, prefill_first and
-    kv_capacity 8, two requests of 4 + 4 tokens (0 at 0 s, 1 at 0.5 s) then loop: request 1 prefills 2
-    tokens, then 2 more, overflows, is pre-empted and admitted again, while the clock moves on.
+def test_a_scheduler_that_forgets_its_chunks_recomputes_forever_and_is_stopped_by_hand(monkeypatch):
+    """A planted bug: ``finish_step`` keeps a chunk's progress only when it completes the prompt (a chunk
+    that does not is forgotten: the request prefills it again). Two requests of 4 + 4 tokens at 0 s, chunks
+    of 4, kv_capacity 10: their prompts fit one chunk, but request 1, pre-empted, has 4 + 2 tokens to
+    recompute, and recomputes its first chunk forever.
 
-    turn 1 [0, 3]:   0 prefills 2; KV 2
-    turn 2 [3, 8]:   0 prefills its last 2 and yields, 1 prefills 2: KV 4 + 1 + 2 = 7
-    turn 3 [8, 11]:  1 prefills its last 2 and yields (0's decode waits: prefill_first): KV 10 > 8: 1 is
-                     pre-empted (KV 5), to prefill 4 + 1 tokens, having computed 4
-    turns 4, 5:      1 prefills 2 (KV 7), then 2 more (KV 9): pre-empted again at 4 of 5 tokens, never past
-                     the 4 it had computed: no progress, the same two turns over and over
-    From turn 4 on nothing progresses; the limit is STALL_LIMIT 3 + 1 queue + 4 + 4 tokens the two may
-    recompute = 12, so turn 17's check, the 13th without progress, raises: 16 steps, the last ending at
-    11 + 13 x 3 = 50 s with request 1 at 2 of 5 tokens."""
+    turn 1 [0, 9]:   both admitted (KV 4 + 4), prefill 4 each (work 2 x 8) and yield; 8 prompt tokens
+                     computed, all 8 recomputable while the two run
+    turn 2 [9, 12]:  each grows to 5 (KV 10); decode both
+    turn 3 [12, 14]: 0 needs 6: 1 (the higher id) is pre-empted (KV 5) and is to prefill 4 + 2 tokens; 0
+                     grows (KV 6) and decodes
+    turn 4 [14, 16]: 1 (6 + 6 > 10) waits; 0 decodes its 4th token and leaves: KV 0; 4 tokens recomputable
+    turn 5 [16, 21]: 1 reserves 6 (KV 6) and prefills [0, 4) (work 8), which is forgotten; tokens it had
+                     already computed: no progress
+    turns 6 on:      the same step again. The limit is STALL_LIMIT 3 + 1 queue + 4 tokens request 1 may
+                     recompute = 8: turn 14's check, the 9th turn in a row without progress (turns 5 to 13),
+                     raises: 13 steps, the last ending at 16 + 9 x 5 = 61 s, request 1 at 0 of 6 tokens."""
+    real = simulate_module.Scheduler.finish_step
 
-    def greedy(self):
-        out = []
-        while self.queues[0] and len(self.running) + len(out) < self.policy.max_running:
-            out.append(self.queues[0].popleft())
+    def forgetful(self, plan, tokens, now, duration):
+        out = real(self, plan, tokens, now, duration)
+        for x, start, end in plan.prefills:
+            if end < x.target:
+                x.prefilled = start
         return out
 
-    monkeypatch.setattr(simulate_module._Engine, "admit_continuous", greedy)
-    with pytest.raises(RuntimeError, match=r"^the simulation made no progress in 13 loop turns \(no arrival, no token, "
-                                           r"no prompt token prefilled for the first time\) at t=50.000000 s: 2 running: "
-                                           r"0 \(prefilled 4/4, generated 1/4\), 1 \(prefilled 2/5, generated 1/4\); 0 "
-                                           r"queued; 0 of 2 done; 7 tokens of KV in use \(of 8\); a bug in the engine "
-                                           r"or the policy, not in the workload$"):
-        run([req(0, 0, 4, 4), req(1, 0.5, 4, 4)], simulator.Policy("continuous", kv_capacity=8, chunk=2, prefill_first=True))
+    monkeypatch.setattr(simulate_module.Scheduler, "finish_step", forgetful)
+    two = [req(0, 0, 4, 4), req(1, 0, 4, 4)]
+    policy = simulator.Policy("continuous", kv_capacity=10, chunk=4)
     cost, trace = Ticks(), []
-    with pytest.raises(RuntimeError):
-        simulator.simulate([req(0, 0, 4, 4), req(1, 0.5, 4, 4)], cost,
-                         simulator.Policy("continuous", kv_capacity=8, chunk=2, prefill_first=True), trace=trace)
-    assert len(cost.calls) == 16 and trace[-1]["end"] == 50.0
-    assert [s["preempted"] for s in trace[2:]] == [[1], []] * 7  # turn 3, then every second turn
+    with pytest.raises(RuntimeError, match=r"^the simulation made no progress in 9 loop turns \(no arrival, no token, "
+                                           r"no prompt token prefilled for the first time\) at t=61.000000 s: 1 running: "
+                                           r"1 \(prefilled 0/6, generated 2/4\); 0 queued; 1 of 2 done; 6 tokens of KV "
+                                           r"in use \(of 10\); a bug in the scheduler or the policy, not in the workload$"):
+        simulator.simulate(two, cost, policy, trace=trace)
+    assert cost.calls == [(8, 16.0, 0), (2, 0.0, 10), (1, 0.0, 6), (1, 0.0, 7)] + [(4, 8.0, 0)] * 9
+    assert [(s["end"], s["preempted"], s["kv"]) for s in trace[:4]] == [(9.0, [], 8), (12.0, [], 10),
+                                                                        (14.0, [1], 6), (16.0, [], 0)]
+    assert [(s["end"], s["prefill"], s["yielded"]) for s in trace[4:]] == [(21.0 + 5 * k, {1: 4}, []) for k in range(9)]
