@@ -465,9 +465,11 @@ def test_the_page_counts_no_gpu_time_without_a_device_clock_and_names_the_finish
 
 
 def test_the_engine_summary_reads_the_simulator_s_results():
-    """The simulator's results have no "itl": the engine's summary gives the simulator's percentiles, no ITL
-    (NaN) and the means of what there is. The chunked run's own workload through the simulator, with the
-    engine's settings: the same latencies (see ``chunked_run``), R3's missing TPOT left out of the mean."""
+    """The chunked run's own workload through the simulator, with the engine's settings: the simulator's
+    results are the engine's own (``Request.result``, "itl" included), so the summary is the same: the
+    latencies of ``chunked_run``, ITL from R1's gap 2 -> 3 and R2's 3 -> 4 (1 s each; R3 has one token, no
+    gap), R3's missing TPOT left out of the mean. Results without "itl" (an older simulator's) give no ITL
+    (NaN) and the rest unchanged."""
     from lib import simulator
 
     e, _ = chunked_run()
@@ -475,7 +477,12 @@ def test_the_engine_summary_reads_the_simulator_s_results():
     cfg = EngineConfig(max_num_seqs=8, max_num_batched_tokens=4, block_size=2, max_model_len=64)
     sim = simulator.simulate(wl, Unit(), cfg.as_policy())
     s = summary(sim)
-    assert all(math.isnan(s[f"itl_p{p}"]) for p in (50, 95, 99))
+    assert [r["itl"] for r in sim] == [r["itl"] for r in e.results()] == [[1.0], [1.0], []]
+    assert all(s[f"itl_p{p}"] == 1.0 for p in (50, 95, 99))
+    assert s == summary(e.results())
+    no_itl = summary([{k: v for k, v in r.items() if k != "itl"} for r in sim])
+    assert all(math.isnan(no_itl.pop(f"itl_p{p}")) for p in (50, 95, 99))
+    assert no_itl == {k: v for k, v in s.items() if not k.startswith("itl_")}
     assert {k: s[k] for k in ("ttft_p50", "tpot_p50", "e2e_p50", "queue_p50")} == {
         "ttft_p50": 2.0, "tpot_p50": 1.0, "e2e_p50": 3.0, "queue_p50": 0.0}
     assert s["ttft_mean"] == pytest.approx(6.5 / 3, rel=1e-12) and s["tpot_mean"] == 1.0

@@ -5,17 +5,22 @@ Each case draws 1 to 6 requests (prompts and outputs of 1 to 24 tokens, arrivals
 policy of any kind (batch and running limits, token budget, chunk, prefill_first, a window, buckets)
 and a KV capacity from exactly the largest request's need to 30 tokens more (or none), and runs under a
 cost model that counts its steps: past ``STEP_LIMIT`` the run is declared spinning and the test fails
-instead of hanging. Checked on every run, against the step trace rebuilt request by request (an oracle
-that does not read the engine's own KV counter):
+instead of hanging. Checked on every run, against the plans (who was admitted, who decodes, who was
+pre-empted: ids only, seen through ``on_plan``) and the step trace, rebuilt request by request (an oracle
+that does not read the scheduler's own KV counter):
 
-- the KV the running requests hold, rebuilt from the trace (a prefilled token and a yielded token add
-  one, finishing or a pre-emption drops all), equals the trace's "kv" and never exceeds the capacity;
+- the KV the running requests hold, rebuilt under the engine's rules (admission reserves the tokens to
+  prefill whole: the prompt and every token generated so far; a decode first grows its request by exactly
+  one token, to its prompt and output so far; finishing or a pre-emption drops all), never exceeds the
+  capacity once a step is planned, and equals the trace's "kv" after each step;
 - a request that is pre-empted prefills its prompt plus every token it had generated, and nothing more;
 - every request yields exactly its output tokens and finishes once; 0 <= queue <= TTFT <= E2E, and its
-  first and last token times are arrival + TTFT and arrival + E2E.
+  first and last token times are arrival + TTFT and arrival + E2E; its pre-emptions are those of the plans
+  (a plan may pre-empt and run nothing: such a plan has no trace record).
 
-A planted bug (admission that ignores the KV capacity, so a request can be admitted, overflow and be
-pre-empted over and over) shows the other way a run may end: with the no-progress error.
+A planted bug (a ``finish_step`` that forgets a chunk's progress unless it completes the prompt, so a
+chunked prompt prefills its first chunk over and over) shows the other way a run may end: with the
+no-progress error.
 
 Chapters: 6.
 """
@@ -78,31 +83,56 @@ def random_case(rng: np.random.Generator):
     return reqs, simulator.Policy(kind, **kw), cost
 
 
-def check_run(reqs, policy, res, trace):
-    """The invariants of the module's docstring, from the trace rebuilt request by request."""
+def snapshot(plans):
+    """An ``on_plan`` that keeps each plan's ids, taken when it is made (the requests change afterwards)."""
+
+    def on_plan(plan):
+        plans.append({"admitted": [x.id for x in plan.admitted], "decode": [x.id for x in plan.decodes],
+                      "prefill": {x.id: end - start for x, start, end in plan.prefills},
+                      "preempted": [x.id for x in plan.preempted], "empty": plan.empty})
+
+    return on_plan
+
+
+def check_run(reqs, policy, res, plans, trace):
+    """The invariants of the module's docstring, from the plans and the trace rebuilt request by request."""
     by_id = {r["id"]: r for r in reqs}
     held = defaultdict(int)  # request -> tokens of KV it holds now
     generated = defaultdict(int)  # request -> tokens yielded so far
     episode = defaultdict(int)  # request -> tokens prefilled since its last admission
+    preemptions = defaultdict(int)
     token_times = defaultdict(list)
-    for s in trace:
+    steps = iter(trace)
+    for p in plans:
+        for i in p["admitted"]:  # reserves its tokens to prefill: its prompt and what it has generated
+            assert held[i] == 0
+            held[i] = by_id[i]["input"] + generated[i]
+        for i in p["preempted"]:
+            held[i] = episode[i] = 0
+            preemptions[i] += 1
+        for i in p["decode"]:  # room for its prompt and its output so far: one token more than after its last step
+            assert held[i] == by_id[i]["input"] + generated[i] - 1
+            held[i] += 1
+        if policy.kv_capacity is not None:
+            assert sum(held.values()) <= policy.kv_capacity
+        if p["empty"]:
+            continue
+        s = next(steps)
+        assert (s["prefill"], s["decode"], s["preempted"]) == (p["prefill"], p["decode"], p["preempted"])
         for i, take in s["prefill"].items():
-            assert take >= 1
-            held[i] += take
+            assert take >= 1 and held[i] == by_id[i]["input"] + generated[i]  # reserved at admission
             episode[i] += take
             # what it prefills is its prompt plus what it had generated when it was last pre-empted
             assert episode[i] <= by_id[i]["input"] + generated[i]
         for i in s["yielded"]:
             if i in s["prefill"]:  # the step that completes a prompt: exactly the prompt and the tokens before
                 assert episode[i] == by_id[i]["input"] + generated[i]
-            held[i] += 1
             generated[i] += 1
             token_times[i].append(s["end"])
-        for i in s["finished"] + s["preempted"]:
+        for i in s["finished"]:
             held[i] = episode[i] = 0
         assert sum(held.values()) == s["kv"]
-        if policy.kv_capacity is not None:
-            assert s["kv"] <= policy.kv_capacity
+    assert next(steps, None) is None
     assert trace[-1]["kv"] == 0
     assert sorted(r["id"] for r in res) == sorted(by_id)
     for r in res:
@@ -112,7 +142,7 @@ def check_run(reqs, policy, res, trace):
         assert 0 <= r["queue"] <= r["ttft"] <= r["e2e"] and math.isfinite(r["e2e"])
         assert token_times[r["id"]][0] == pytest.approx(q["arrival"] + r["ttft"])
         assert token_times[r["id"]][-1] == pytest.approx(q["arrival"] + r["e2e"])
-        assert r["preemptions"] == sum(s["preempted"].count(r["id"]) for s in trace)
+        assert r["preemptions"] == preemptions[r["id"]]
 
 
 def test_every_random_run_ends_and_keeps_its_invariants():
@@ -120,38 +150,41 @@ def test_every_random_run_ends_and_keeps_its_invariants():
     preempted = 0
     for case in range(CASES):
         reqs, policy, cost = random_case(rng)
-        trace = []
+        plans, trace = [], []
         try:
-            res = simulator.simulate(reqs, cost, policy, trace=trace)
+            res = simulator.simulate(reqs, cost, policy, trace=trace, on_plan=snapshot(plans))
         except Spinning:
             pytest.fail(f"case {case} spins: {reqs} under {policy}")
-        check_run(reqs, policy, res, trace)
+        check_run(reqs, policy, res, plans, trace)
         assert cost.steps == len(trace)
         preempted += sum(r["preemptions"] for r in res)
     assert preempted > 0  # the cases reach pre-emption, where the engine's KV accounting is exercised
 
 
 def test_every_random_run_of_a_planted_livelock_ends(monkeypatch):
-    """Admission that ignores the KV capacity (a policy bug): each run still ends, finished or stopped by the
-    no-progress error, never spinning; some of them do stop with the error."""
+    """A ``finish_step`` that forgets a chunk's progress unless it completes the prompt (a scheduler bug):
+    each run still ends, finished or stopped by the no-progress error, never spinning; some of them do stop
+    with the error (a chunked prompt never completes), some finish (no prompt needed two chunks)."""
+    real = simulate_module.Scheduler.finish_step
 
-    def greedy(self):
-        out = []
-        for qi in self.policy.admission_order():
-            while self.queues[qi] and len(self.running) + len(out) < self.policy.max_running:
-                out.append(self.queues[qi].popleft())
+    def forgetful(self, plan, tokens, now, duration):
+        out = real(self, plan, tokens, now, duration)
+        for x, start, end in plan.prefills:
+            if end < x.target:
+                x.prefilled = start
         return out
 
-    monkeypatch.setattr(simulate_module._Engine, "admit_continuous", greedy)
+    monkeypatch.setattr(simulate_module.Scheduler, "finish_step", forgetful)
     rng = np.random.default_rng(7)
-    stopped = 0
+    stopped = finished = 0
     for case in range(CASES):
         reqs, policy, cost = random_case(rng)
         try:
             simulator.simulate(reqs, cost, policy)
+            finished += 1
         except Spinning:
             pytest.fail(f"case {case} spins: {reqs} under {policy}")
         except RuntimeError as e:
             assert str(e).startswith("the simulation made no progress in "), e
             stopped += 1
-    assert stopped > 0
+    assert stopped > 0 and finished > 0

@@ -31,7 +31,7 @@ def req(id_, arrival, input_, output):
 
 # A: 3 in, 3 out at 0 s; B: 2 in, 2 out at 1 s; C: 1 in, 1 out at 2 s
 THREE = [req(0, 0, 3, 3), req(1, 1, 2, 2), req(2, 2, 1, 1)]
-# by hand, continuous batching with no limit that binds (as in test_serving_traces):
+# by hand, continuous batching with no limit that binds (as in test_simulator_traces):
 #   step 1 [0, 4]:  prefill A (3 tokens)
 #   step 2 [4, 9]:  B and C arrived meanwhile: prefill B 2 and C 1, decode A (4 tokens); C done
 #   step 3 [9, 12]: decode A and B; both done

@@ -1,6 +1,6 @@
 """lib.simulator and lib.workloads: the cost model, the policy, the metrics, and properties of the simulator
 over random workloads and policies (every request finishes once with every token, token times move
-forward, limits hold, runs are reproducible). Hand-worked traces are in test_serving_traces.py."""
+forward, limits hold, runs are reproducible). Hand-worked traces are in test_simulator_traces.py."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lib import simulator, workloads
+from lib.engine.scheduler import Plan
 
 simulate_module = importlib.import_module("lib.simulator.simulate")  # the module, which the function's name hides
 
@@ -410,7 +411,7 @@ def test_bad_costs_and_times_are_rejected_not_simulated():
 
 
 def test_a_stuck_engine_fails_loudly_instead_of_spinning(monkeypatch):
-    """If the engine ever stops moving (here: a wake-up that does not move the clock), the run raises.
+    """If the simulation ever stops moving (here: a wake-up that does not move the clock), the run raises.
     Loop turns: turn 1 queues request 0 (an arrival: progress seen at turn 2's check); turns 2 to 6 wake
     up without progress; turn 7's check counts 5 turns without progress, more than the limit of
     STALL_LIMIT 3 + 1 queue + 0 tokens to recompute = 4, and raises before waking: six wake-ups. The
@@ -422,12 +423,12 @@ def test_a_stuck_engine_fails_loudly_instead_of_spinning(monkeypatch):
         assert len(calls) < 100, "the no-progress guard did not fire"
         return self.now
 
-    monkeypatch.setattr(simulate_module._Engine, "wake_time", stuck)
+    monkeypatch.setattr(simulate_module.Simulation, "wake_time", stuck)
     reqs = [{"id": 0, "arrival": 0.0, "input": 4, "output": 1}, {"id": 1, "arrival": 1.0, "input": 4, "output": 1}]
     with pytest.raises(RuntimeError, match=r"^the simulation made no progress in 5 loop turns \(no arrival, no token, "
                                            r"no prompt token prefilled for the first time\) at t=0.000000 s: 0 running; "
                                            r"1 queued; 0 of 2 done; 0 tokens of KV in use \(unbounded\); a bug in the "
-                                           r"engine or the policy, not in the workload$"):
+                                           r"scheduler or the policy, not in the workload$"):
         simulator.simulate(reqs, Microsecond(), simulator.Policy("static", max_batch=2))
     assert len(calls) == 6 and simulate_module.STALL_LIMIT == 3
 
@@ -437,7 +438,7 @@ def test_a_finished_request_leaves_nothing_to_recompute_in_the_stall_limit(monke
     may recompute drops back to 0. Turn 2 jumps to 5 s; turn 3 queues request 2, whose batch waits for
     request 3 (at 6 s), and the stuck wake-up never gets there: turns 4 to 8 change nothing, and turn 9's
     check, the 5th without progress, is over the limit of STALL_LIMIT 3 + 1 queue + 0 = 4."""
-    monkeypatch.setattr(simulate_module._Engine, "wake_time", lambda self: self.now)
+    monkeypatch.setattr(simulate_module.Simulation, "wake_time", lambda self: self.now)
     reqs = [{"id": i, "arrival": t, "input": 4, "output": 1} for i, t in enumerate((0.0, 0.0, 5.0, 6.0))]
     with pytest.raises(RuntimeError, match=r"^the simulation made no progress in 5 loop turns .* at t=5.000000 s: "
                                            r"0 running; 1 queued; 2 of 4 done; 0 tokens of KV in use \(unbounded\);"):
@@ -446,38 +447,60 @@ def test_a_finished_request_leaves_nothing_to_recompute_in_the_stall_limit(monke
 
 def test_the_stuck_state_names_eight_running_requests_and_counts_the_rest():
     """The error's state lists the first 8 running requests (id, prefilled of target, generated of output)
-    and counts the others; the KV capacity is named."""
+    and counts the others; the KV capacity is named. A decoding request's prefilled count runs past its
+    target (each decode writes one more token): the state shows it at its target."""
     policy = simulator.Policy(kv_capacity=50)
     reqs = [{"id": i, "arrival": 0.0, "input": 3, "output": 2} for i in range(10)]
-    engine = simulate_module._Engine(simulate_module._requests(reqs, policy), Microsecond(), policy, None)
-    engine.running = engine.requests[:10]
-    engine.running[9].prefilled, engine.running[0].generated, engine.kv_in_use = 2, 1, 7
-    listed = ", ".join(f"{i} (prefilled 0/3, generated {int(i == 0)}/2)" for i in range(8))
-    assert engine.state() == f"10 running: {listed} and 2 more; 0 queued; 0 of 10 done; 7 tokens of KV in use (of 50)"
-    engine.running = engine.requests[:9]
-    assert engine.state().startswith(f"9 running: {listed} and 1 more; 0 queued")
-    engine.running = engine.requests[:8]
-    assert engine.state().startswith(f"8 running: {listed}; 0 queued")
+    sim = simulate_module.Simulation(simulate_module.requests(reqs, policy), Microsecond(), policy)
+    s = sim.scheduler
+    s.running = sim.requests[:10]
+    sim.requests[9].prefilled, sim.requests[0].output, s.kv.used = 2, [0], 7
+    sim.requests[1].prefilled = 4  # prefilled its 3 and decoded once
+    listed = ", ".join(f"{i} (prefilled {3 if i == 1 else 0}/3, generated {int(i == 0)}/2)" for i in range(8))
+    assert sim.state() == f"10 running: {listed} and 2 more; 0 queued; 0 of 10 done; 7 tokens of KV in use (of 50)"
+    s.running = sim.requests[:9]
+    assert sim.state().startswith(f"9 running: {listed} and 1 more; 0 queued")
+    s.running = sim.requests[:8]
+    assert sim.state().startswith(f"8 running: {listed}; 0 queued")
+    s.running = []
+    s.queues[0].extend(sim.requests[:2])
+    assert sim.state() == "0 running; 2 queued; 0 of 10 done; 7 tokens of KV in use (of 50)"
 
 
-def test_an_empty_step_is_an_error_not_a_tick(monkeypatch):
-    """A step that plans nothing would move the clock without end under a cost model that charges for an
-    empty step: the engine refuses it."""
+class Charging:
+    """1 ms a step, empty or not; counts its calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def step(self, tokens, prefill_ctx_work, decode_kv_tokens):
+        self.calls += 1
+        return 1e-3
+
+
+def test_an_empty_plan_is_never_run_as_a_step(monkeypatch):
+    """A plan with nothing to run is not a step: under a cost model that charges for an empty step, running
+    it would move the clock without end. Planted: a scheduler that admits as usual and then plans nothing.
+    The simulator never asks the cost model about it; with every request in, no window and no arrival to
+    wait for, nothing can change the plan, and the run stops with an error at its first plan. (Its message
+    today is ``Simulation.wake_time``'s "requests are queued but the policy can admit none of them", though
+    the request runs and none is queued: not asserted here.)"""
     plans = []
 
-    def empty(self):
-        plans.append(self.now)
-        assert len(plans) < 100, "the empty step was not refused"
-        return simulate_module._Step()
+    def empty(self, now):
+        plans.append(now)
+        assert len(plans) < 100, "the empty plan was run or retried without end"
+        return Plan(admitted=self.admit(now))
 
-    monkeypatch.setattr(simulate_module._Engine, "plan", empty)
-    with pytest.raises(RuntimeError, match=r"^an empty step at t=0.000000 s with 1 running: the engine planned no "
-                                           r"prefill and no decode$"):
-        simulator.simulate([{"id": 0, "arrival": 0.0, "input": 4, "output": 1}], Microsecond(), simulator.Policy())
+    monkeypatch.setattr(simulate_module.Scheduler, "schedule", empty)
+    cost, trace = Charging(), []
+    with pytest.raises(RuntimeError):
+        simulator.simulate([{"id": 0, "arrival": 0.0, "input": 4, "output": 1}], cost, simulator.Policy(), trace=trace)
+    assert plans == [0.0] and cost.calls == 0 and trace == []
 
 
 def test_a_policy_that_admits_nobody_when_no_more_will_arrive_is_an_error(monkeypatch):
-    monkeypatch.setattr(simulate_module._Engine, "admit_continuous", lambda self: [])
+    monkeypatch.setattr(simulate_module.Scheduler, "admit", lambda self, now: [])
     with pytest.raises(RuntimeError, match=r"^requests are queued but the policy can admit none of them: check the "
                                            r"bucket limits and the KV capacity$"):
         simulator.simulate([{"id": 0, "arrival": 0.0, "input": 4, "output": 1}], Microsecond(), simulator.Policy())
