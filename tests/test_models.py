@@ -320,3 +320,10 @@ def test_the_first_and_last_ids_of_the_vocabulary_are_tokens(model):
     for same in (np.array(tokens), np.array(tokens, dtype=np.uint8), torch.tensor(tokens, dtype=torch.int32),
                  tuple(tokens)):
         assert torch.equal(model.prefill(same, pool, blocks, 0), want)
+
+
+def test_the_8b_products_by_hand():
+    """Llama-3-8B: QKV 4096 -> (32 + 2 x 8) x 128 = 6144, O 4096 -> 4096, gate-up 4096 -> 2 x 14336 = 28672,
+    down 14336 -> 4096."""
+    assert models.LLAMA3_8B.product_shapes() == {"qkv": [4096, 6144], "o": [4096, 4096], "gate_up": [4096, 28672],
+                                                 "down": [14336, 4096]}

@@ -43,13 +43,13 @@ import time
 import pandas as pd
 import torch
 
-from lib import quant
+from lib import models, quant
 from lib.bench import kernel_kinds, timing
 from lib.experiments import require
 from lib.kernels import quant_gemm
 
 PARAMS = ("shapes", "rows", "groups", "dtype", "reps", "target_ms", "rounds", "seed", "tolerance", "slow", "step", "kv")
-SHAPES_8B = {"qkv": [4096, 6144], "o": [4096, 4096], "gate_up": [4096, 28672], "down": [14336, 4096]}
+SHAPES_8B = models.LLAMA3_8B.product_shapes()
 WEIGHT_KINDS = ("gaussian", "outlier channels", "heavy tails")
 
 
@@ -406,7 +406,6 @@ def _kernel_kinds(kernels) -> dict | None:
 def measure_step(params: dict, device: str) -> list[dict]:
     """The decode step with each weight format at each (B, L) of ``params["step"]["shapes"]`` (see the
     module): one row per (format, B, L)."""
-    from lib import models
     from lib.bench import trace
     from lib.experiments import decode_step
 

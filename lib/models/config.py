@@ -41,6 +41,12 @@ class ModelConfig:
         weights = self.params() - self.vocab * self.hidden - (2 * self.layers + 1) * self.hidden
         return 2 * weights + 4 * self.layers * self.heads * self.head_dim * context
 
+    def product_shapes(self) -> dict:
+        """(K, N) of each layer product x @ w [K, N]: the fused QKV, O, the fused gate-up, down."""
+        qkv = (self.heads + 2 * self.kv_heads) * self.head_dim
+        return {"qkv": [self.hidden, qkv], "o": [self.heads * self.head_dim, self.hidden],
+                "gate_up": [self.hidden, 2 * self.mlp], "down": [self.mlp, self.hidden]}
+
     def check(self) -> None:
         """Raise ``ValueError`` unless the shapes make a decoder: whole query heads per KV head, an even
         head_dim (RoPE rotates pairs)."""
