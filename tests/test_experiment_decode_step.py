@@ -215,3 +215,25 @@ def test_the_page_of_the_stored_h200_results_worked_by_hand():
     assert n["targets_total"] == 6 and verdicts.count("met") == n["targets_met"]
     assert (t["room_words"] == "leaves room for") == (n["floor_plus_alpha_b1_over_floor"] <= 1.15)
     assert page.tables["targets_table"]["met"].tolist() == [v == "met" for v in verdicts]
+
+
+def test_fusion_savings_by_hand():
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from lib.experiments import step_model
+
+    # (part, kernels, measured us) of the unfused and the fused step at one shape
+    parts = {"unfused": [("layer weights", 3, 50.0), ("output head", 2, 20.0), ("attention (K/V)", 2, 6.0),
+                         ("small operators", 12, 30.0), ("between kernels", float("nan"), 10.0)],
+             "fused": [("layer weights", 3, 45.0), ("output head", 2, 20.0), ("attention (K/V)", 2, 6.0),
+                       ("small operators", 4, 8.0), ("between kernels", float("nan"), 4.0)]}
+    rows = [{"B": 1, "L": 8, "path": path, "part": p, "kernels": k, "measured (us)": m, "predicted (us)": 0.0}
+            for path, ps in parts.items() for p, k, m in ps]
+    a = SimpleNamespace(params={"shapes": [[1, 8]]}, parts=pd.DataFrame(rows), t0=2.0)
+    r = step_model.fusion_savings(a).iloc[0]
+    assert r["kernels removed"] == 8 and r["predicted saving (us)"] == 16.0  # 12 - 4 kernels, one launch time each
+    assert r["measured saving (us)"] == 28.0  # (30 + 10) - (8 + 4): small operators and the time between them
+    assert r["measured per kernel removed (us)"] == 3.5
+    assert (r["GEMMs: cuBLAS (us)"], r["GEMMs: fused step (us)"]) == (70.0, 65.0)
