@@ -230,3 +230,112 @@ def test_capacity_is_where_a_policy_saturates():
     over = bt.load_sweep(flat_cost(1e-2), {"continuous": cont}, rates=(2 * cap,), capacities={"continuous": cap},
                          mix=fixed, n=200)
     assert bool(over["saturated"].iloc[0]) and over["tokens/s"].iloc[0] <= 1.05 * cap * 10
+
+
+# ---------------------------------------------------------------------------- the page's numbers
+
+def pasted_names(notebook: str) -> set[str]:
+    """The names chapter pages paste from ``notebook`` ({glue:text}`../notebooks/NB.ipynb::name:fmt`, ...)."""
+    import re
+    from pathlib import Path
+
+    book = Path(__file__).resolve().parents[1] / "book"
+    return {m for p in book.glob("*.md") for m in re.findall(rf"{notebook}\.ipynb::(\w+)", p.read_text())}
+
+
+def test_the_incident_ratios_and_targets_worked_by_hand():
+    """Benchmark tokens/s 100, 125, 124 and chat TTFT P95 100, 200, 110 ms before, after and with the fix:
+    a gain of 25/100, a P95 twice as long, a fix at 1.1 of before that keeps 24 of the 25 tokens/s gained."""
+    inc = pd.DataFrame({"config": ["before", "after", "fix"], "benchmark tokens/s": [100.0, 125.0, 124.0],
+                        "chat TTFT p95 (ms)": [100.0, 200.0, 110.0]}).set_index("config")
+    r = bt.incident_ratios(inc)
+    assert r == pytest.approx({"gain": 0.25, "ttft_ratio": 2.0, "fix_ratio": 1.1, "kept": 0.96})
+    t = bt.incident_targets(inc)
+    assert t["measured"].tolist() == pytest.approx([0.25, 2.0, 1.1, 0.96]) and t["met"].all()
+    inc.loc["fix", "chat TTFT p95 (ms)"] = 130.0  # 1.3 of before: the fix misses its target
+    assert bt.incident_targets(inc)["met"].tolist() == [True, True, False, True]
+
+
+def load_table(caps: dict, rates) -> pd.DataFrame:
+    rows = [{"rate (requests/s)": rate, "policy": p, "load": rate / caps[p], "saturated": rate / caps[p] >= 1,
+             "tokens/s": 10.0 * min(rate, caps[p]), "TTFT p50 (ms)": 100.0 * i + 10 * j, "TTFT p99 (ms)": 200.0 * i + 10 * j,
+             "TPOT p99 (ms)": 5.0 + i + j} for j, rate in enumerate(rates) for i, p in enumerate(caps)]
+    return pd.DataFrame(rows).set_index(["rate (requests/s)", "policy"])
+
+
+def test_load_analysis_worked_by_hand():
+    """Batches of B = 5 at 2 requests/s: a request waits (5 - 1) / (2 x 2) = 1 s for its batch to fill. Static
+    with a capacity of 4 requests/s at 8 requests/s is saturated at load 2: the last of 100 arrivals waits
+    100 (1 - 1/2) / 4 = 12.5 s."""
+    caps = {"static": 4.0, "dynamic": 5.0, "continuous": 10.0}
+    lt = bt.load_analysis(load_table(caps, (2.0, 8.0)), caps, mean_output=50.0, batch_limit=5, n=100)
+    row = lt.set_index(["rate (requests/s)", "policy"])
+    assert row.loc[(2.0, "static"), "fill wait (ms)"] == pytest.approx(1000.0)
+    assert row.loc[(8.0, "static"), "fill wait (ms)"] == pytest.approx(250.0)
+    assert row.loc[(8.0, "static"), "queue wait (s)"] == pytest.approx(12.5)
+    assert row.loc[(8.0, "dynamic"), "queue wait (s)"] == pytest.approx(7.5)  # load 1.6: 100 (1 - 1/1.6) / 5
+    assert math.isnan(row.loc[(8.0, "continuous"), "queue wait (s)"])  # load 0.8: not saturated
+    assert row.loc[(2.0, "continuous"), "capacity tokens/s"] == pytest.approx(500.0)
+
+
+def test_the_page_holds_what_the_book_pastes_worked_by_hand():
+    """A small synthetic chapter: the page's numbers worked by hand, and every name the book pastes from
+    notebook 06 either on the page or glued by another cell of the notebook."""
+    from types import SimpleNamespace
+
+    pts = pd.DataFrame([
+        {"kind": "stack", "new": 1, "ctx": 0, "GPU time (ms)": 2.0, "call time (ms)": 3.0, "spread": 0.01},
+        {"kind": "stack", "new": 8000, "ctx": 0, "GPU time (ms)": 40.0, "call time (ms)": 41.0, "spread": 0.01},
+        {"kind": "stack", "new": 16000, "ctx": 0, "GPU time (ms)": 90.0, "call time (ms)": 91.0, "spread": 0.01},
+        {"kind": "decode", "new": 1, "ctx": 64, "GPU time (ms)": 4.0, "call time (ms)": 6.0, "spread": 0.02},
+        {"kind": "decode", "new": 1, "ctx": 512, "GPU time (ms)": 5.0, "call time (ms)": 8.0, "spread": 0.02}])
+    pts["model (ms)"] = pts["GPU time (ms)"] * [1.0, 1.1, 1.0, 0.8, 1.05]
+    pts["model / measured"] = pts["model (ms)"] / pts["GPU time (ms)"]
+    fit_err = (pts["model / measured"] - 1).abs()
+    stack = pts[pts["kind"] == "stack"].set_index("new")["GPU time (ms)"] / 1e3
+    cal = bt.Calibration(pts, None, stack, alpha=2e-12, beta=3e-9, delta=5e-4, cost=None, fit_err=fit_err)
+    caps = {"static": 4.0, "dynamic": 5.0, "continuous": 10.0}
+    lt = bt.load_analysis(load_table(caps, (2.0, 3.0, 8.0)), caps, mean_output=50.0, batch_limit=5, n=100)
+    inc = pd.DataFrame({"config": ["before", "after", "fix"], "benchmark tokens/s": [100.0, 125.0, 124.0],
+                        "production tokens/s": [50.0, 51.0, 52.0], "goodput tokens/s": [40.0, 30.0, 45.0],
+                        "chat TTFT p95 (ms)": [100.0, 200.0, 110.0]}).set_index("config")
+    slow = pd.DataFrame({"config": ["before", "after"], "slowest 5%: queued (ms)": [1.0, 2.0],
+                         "slowest 5%: in prefill steps (ms)": [3.0, 4.0]}).set_index("config")
+    off = pd.DataFrame({"policy": ["static, 32", "continuous, 32", "continuous, 256"], "tokens/s": [500.0, 1000.0, 3000.0],
+                        "TTFT p50 (s)": [1.0, 2.0, 7.5]}).set_index("policy")
+    few = {"static, batches of 4": 30.0, "continuous, at most 4 running, chunks of 1024": 12.0}
+    res = SimpleNamespace(data={"params_count": 2.2e9}, provenance={"name": "a GPU"}, date="2025-01-02")
+    knobs = dict(caps=caps, capacity_rps=9.0, prod_rate=2.7, batch_limit=5, kv_budget_tokens=1024, load_requests=100,
+                 window_s=0.05, slo_ttft_s=0.05, slo_tpot_s=0.01, mean_output=50.0)
+    page = bt.page(res, cal, lt, inc, slow, off, few, knobs)
+    n, t = page.numbers, page.texts
+
+    glued_elsewhere = {"sim_10k_seconds", "claims_table", "claims_held", "claims_total", "book_targets",
+                       "book_targets_table"}
+    glued_elsewhere |= {k for k in pasted_names("06-batching") if k.startswith(("fig_", "timeline_"))}
+    assert pasted_names("06-batching") - glued_elsewhere <= set(n) | set(t) | set(page.tables)
+    # the worst point: the decode step at 0.8 of its measurement
+    assert t["worst_point"] == "decode step of 1 request(s) over 64 tokens of context" and n["worst_ratio"] == 0.8
+    assert (n["fit_err_max"], n["decode_b1_ratio_max"], n["decode_b1_ms"], n["decode_call_ms"]) == \
+        pytest.approx((0.2, 1.05, 4.0, 7.0))
+    assert (n["alpha_ps"], n["beta_ns"], n["delta_ms"], n["params_billion"]) == pytest.approx((2.0, 3.0, 0.5, 2.2))
+    assert (n["stack_1_ms"], n["stack_max_ms"], n["stack_max_M"]) == pytest.approx((2.0, 90.0, 16000))
+    assert (n["long_prefill_M"], n["long_prefill_ms"]) == pytest.approx((8000, 40.0))  # nearest 8192 tokens
+    # rates 2, 3, 8: static (capacity 4) is below capacity at 3 (ok), saturated at 8 (hi)
+    assert (n["rate_lo"], n["rate_ok"], n["rate_hi"]) == (2.0, 3.0, 8.0)
+    assert (n["static_load_ok"], n["static_load_hi"], n["static_load_min_saturated"]) == pytest.approx((0.75, 2.0, 2.0))
+    assert n["fill_wait_lo_ms"] == pytest.approx(1000.0) and n["fill_wait_ok_ms"] == pytest.approx(4 / 6 * 1e3)
+    assert n["fill_wait_lo_double_ms"] == pytest.approx(9 / 4 * 1e3)  # batches of 2 B = 10
+    assert n["queue_wait_hi_s"] == pytest.approx(12.5) and n["static_ttft_p99_hi_s"] == pytest.approx(0.02)
+    assert n["static_ttft_p50_ok_ms"] == 10.0 and n["static_fill_ratio_ok"] == pytest.approx(10 / (4 / 6 * 1e3))
+    assert n["cap_static_tps"] == pytest.approx(200.0) and n["ttft_p99_gap_ok"] == pytest.approx(10 / 410)
+    assert n["tpot_p99_ratio_hi"] == pytest.approx(9 / 7)  # continuous 5 + 2 + 2, static 5 + 0 + 2
+    # the incident: the worked example's 1.1 s P95 over the simulated 100 ms scales the model by 11
+    assert (n["incident_tps_gain"], n["incident_ttft_p95_ratio"], n["fix_ttft_p95_ratio"], n["fix_tps_kept"]) == \
+        pytest.approx((0.25, 2.0, 1.1, 0.96))
+    assert n["incident_scale"] == pytest.approx(11.0) and n["incident_params_billion"] == pytest.approx(24.2)
+    assert n["worked_ttft_p95_ratio"] == pytest.approx(2.0 / 1.1) and n["targets_met"] == 4
+    assert n["window_over_ttft_before"] == pytest.approx(0.5) and (n["slo_ttft_ms"], n["slo_tpot_ms"]) == (50.0, 10.0)
+    assert (n["offline_gain"], n["offline_ttft_p50_max_s"]) == (3.0, 7.5)
+    assert (n["few_static_ttft_max_ms"], n["few_cont_ttft_max_ms"]) == (30.0, 12.0)
+    assert page.tables["load_table"]["saturated"].tolist().count("yes") == 2  # static and dynamic at 8 requests/s

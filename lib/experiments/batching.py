@@ -329,3 +329,180 @@ def offline(cost, policies: dict, mix, n: int) -> pd.DataFrame:
         rows.append({"policy": name, "tokens/s": s_["tokens_per_s"],
                      "all done (s)": max(r["arrival"] + r["e2e"] for r in r_), "TTFT p50 (s)": s_["ttft_p50"]})
     return pd.DataFrame(rows).set_index("policy")
+
+
+# ---------------------------------------------------------------------------- the page
+
+def incident_ratios(incident: pd.DataFrame) -> dict:
+    """The incident's ratios, from ``incident``'s table: the benchmark tokens/s gain of "after" over "before"
+    ("gain"), chat TTFT P95 after / before ("ttft_ratio") and fix / before ("fix_ratio"), and the share of
+    the benchmark gain the fix keeps ("kept")."""
+    bench, p95 = incident["benchmark tokens/s"], incident["chat TTFT p95 (ms)"]
+    return {"gain": bench["after"] / bench["before"] - 1,
+            "ttft_ratio": p95["after"] / p95["before"],
+            "fix_ratio": p95["fix"] / p95["before"],
+            "kept": (bench["fix"] - bench["before"]) / (bench["after"] - bench["before"])}
+
+
+def incident_targets(incident: pd.DataFrame) -> pd.DataFrame:
+    """The chapter's targets for the incident and its fix (``incident_ratios``): target, measured, goal, met."""
+    r = incident_ratios(incident)
+    gain, ttft_ratio, fix_ratio, kept = r["gain"], r["ttft_ratio"], r["fix_ratio"], r["kept"]
+    return pd.DataFrame([
+        {"target": "incident: tokens/s gain", "measured": gain, "goal": "0.15 to 0.30", "met": 0.15 <= gain <= 0.30},
+        {"target": "incident: chat TTFT P95, after / before", "measured": ttft_ratio, "goal": ">= 1.5",
+         "met": ttft_ratio >= 1.5},
+        {"target": "fix: chat TTFT P95, fix / before", "measured": fix_ratio, "goal": "<= 1.2", "met": fix_ratio <= 1.2},
+        {"target": "fix: share of the throughput gain kept", "measured": kept, "goal": ">= 0.9", "met": kept >= 0.9},
+    ])
+
+
+def load_analysis(load_table: pd.DataFrame, caps: dict, mean_output: float, batch_limit: int,
+                  n: int) -> pd.DataFrame:
+    """``load_sweep``'s table with (rate, policy) as columns and what queueing theory expects beside it: the
+    policy's capacity in tokens/s (its requests/s times ``mean_output``); static batching's fill wait below
+    capacity, (B - 1) / (2 rate) for batches of B = ``batch_limit``; and, saturated (load = rho >= 1), the
+    wait of the last of ``n`` arrivals, n (1 - 1 / rho) / capacity, since the queue grows at rate - capacity."""
+    lt = load_table.reset_index()
+    lt["capacity tokens/s"] = [caps[p] * mean_output for p in lt["policy"]]
+    lt["fill wait (ms)"] = (batch_limit - 1) / (2 * lt["rate (requests/s)"]) * 1e3
+    lt["queue wait (s)"] = [n * (1 - 1 / r["load"]) / caps[r["policy"]] if r["saturated"] else float("nan")
+                            for _, r in lt.iterrows()]
+    return lt
+
+
+# the worked incident's numbers, as the source gives them, beside the simulated ones
+WORKED = {"tps_gain": 0.22, "ttft_p95_before_s": 1.1, "ttft_p95_after_s": 2.0}
+
+
+def page(res, cal: Calibration, lt: pd.DataFrame, incident: pd.DataFrame, breakdown: pd.DataFrame,
+         offline: pd.DataFrame, few_ttft_ms: dict, knobs: dict):
+    """Every number, word and table chapter 6's page quotes, by name: from the results ``res`` (provenance,
+    date, the model's parameter count), the calibration ``cal``, ``load_analysis``'s table ``lt``, the
+    ``incident`` and ``breakdown`` tables, the ``offline`` table, the largest TTFT (ms) of each policy in the
+    eight-request example ``few_ttft_ms``, and the simulations' ``knobs``: caps (each policy's capacity,
+    requests/s), capacity_rps (the incident's engine), prod_rate, batch_limit, kv_budget_tokens,
+    load_requests, window_s, slo_ttft_s, slo_tpot_s, mean_output; a ``glue.Page``.
+    (glue is imported here, so that the import statements the measuring code uses stay as they were.)"""
+    from lib.bench import glue
+
+    pts, fit_err, stack, k = cal.points, cal.fit_err, cal.stack_s, knobs
+    caps, B_MAX, mean_output, window = k["caps"], k["batch_limit"], k["mean_output"], k["window_s"]
+    worst = pts.loc[fit_err.idxmax()]
+    worst_point = (f"decode step of {worst['new']} request(s) over {worst['ctx']} tokens of context"
+                   if worst["kind"] == "decode" else f"prefill of {worst['new']} tokens after {worst['ctx']} cached tokens")
+    d1 = pts[(pts["kind"] == "decode") & (pts["new"] == 1)]
+    by_rate = {rate: g.set_index("policy") for rate, g in lt.groupby("rate (requests/s)")}
+    lo, hi = by_rate[min(by_rate)], by_rate[max(by_rate)]
+    # the highest rate at which static batching is still below capacity (the lowest if it never is)
+    ok = by_rate[max((r for r, g in by_rate.items() if not g.loc["static", "saturated"]), default=min(by_rate))]
+    shown_table = lt.assign(**{"rate (requests/s)": lt["rate (requests/s)"].round(1), "saturated": lt["saturated"].map(
+        {True: "yes", False: "no"})})[["rate (requests/s)", "policy", "load", "saturated", "tokens/s", "TTFT p50 (ms)",
+                                       "TTFT p99 (ms)", "TPOT p99 (ms)"]]
+    inc, slow = incident, breakdown
+    incident_scale = WORKED["ttft_p95_before_s"] * 1e3 / inc.loc["before", "chat TTFT p95 (ms)"]
+    r, targets = incident_ratios(inc), incident_targets(inc)
+    long_i = (stack.index.to_series() - 8192).abs().argmin()  # the stack point nearest a prompt of 8192 tokens
+    numbers = {
+        "params_billion": res.data["params_count"] / 1e9,
+        "alpha_ps": cal.alpha * 1e12,
+        "beta_ns": cal.beta * 1e9,
+        "delta_ms": cal.delta * 1e3,
+        "fit_err_max": fit_err.max(),
+        "fit_err_median": fit_err.median(),
+        "worst_new": worst["new"],
+        "worst_ctx": worst["ctx"],
+        "worst_ratio": worst["model / measured"],
+        "decode_b1_ratio_max": d1["model / measured"].max(),
+        "decode_b1_ms": d1["GPU time (ms)"].min(),
+        "decode_call_ms": pts[pts["kind"] == "decode"]["call time (ms)"].median(),
+        "stack_1_ms": stack.iloc[0] * 1e3,
+        "stack_max_ms": stack.iloc[-1] * 1e3,
+        "stack_max_M": stack.index[-1],
+        "capacity_rps": k["capacity_rps"],
+        "prod_rate": k["prod_rate"],
+        "incident_tps_gain": r["gain"],
+        "incident_ttft_p95_ratio": r["ttft_ratio"],
+        "fix_ttft_p95_ratio": r["fix_ratio"],
+        "fix_tps_kept": r["kept"],
+        "chat_ttft_p95_before_ms": inc.loc["before", "chat TTFT p95 (ms)"],
+        "chat_ttft_p95_after_ms": inc.loc["after", "chat TTFT p95 (ms)"],
+        "chat_ttft_p95_fix_ms": inc.loc["fix", "chat TTFT p95 (ms)"],
+        "bench_tps_before": inc.loc["before", "benchmark tokens/s"],
+        "bench_tps_after": inc.loc["after", "benchmark tokens/s"],
+        "bench_tps_fix": inc.loc["fix", "benchmark tokens/s"],
+        "prod_tps_before": inc.loc["before", "production tokens/s"],
+        "prod_tps_after": inc.loc["after", "production tokens/s"],
+        "prod_tps_fix": inc.loc["fix", "production tokens/s"],
+        "goodput_before": inc.loc["before", "goodput tokens/s"],
+        "goodput_after": inc.loc["after", "goodput tokens/s"],
+        "goodput_fix": inc.loc["fix", "goodput tokens/s"],
+        "slow_queue_after_ms": slow.loc["after", "slowest 5%: queued (ms)"],
+        "slow_prefill_after_ms": slow.loc["after", "slowest 5%: in prefill steps (ms)"],
+        "slow_queue_before_ms": slow.loc["before", "slowest 5%: queued (ms)"],
+        "slow_prefill_before_ms": slow.loc["before", "slowest 5%: in prefill steps (ms)"],
+        "static_ttft_p99_hi_ms": hi.loc["static", "TTFT p99 (ms)"],
+        "dynamic_ttft_p99_hi_ms": hi.loc["dynamic", "TTFT p99 (ms)"],
+        "cont_ttft_p99_hi_ms": hi.loc["continuous", "TTFT p99 (ms)"],
+        "batch_limit": B_MAX,
+        "kv_budget_tokens": k["kv_budget_tokens"],
+        "cap_static_rps": caps["static"],
+        "cap_dynamic_rps": caps["dynamic"],
+        "cap_cont_rps": caps["continuous"],
+        "cap_static_tps": caps["static"] * mean_output,
+        "rate_lo": lo["rate (requests/s)"].iloc[0],
+        "rate_ok": ok["rate (requests/s)"].iloc[0],
+        "rate_hi": hi["rate (requests/s)"].iloc[0],
+        "static_load_ok": ok.loc["static", "load"],
+        "static_load_hi": hi.loc["static", "load"],
+        "static_load_min_saturated": lt[lt["saturated"] & (lt["policy"] == "static")]["load"].min(),
+        "cont_load_hi": hi.loc["continuous", "load"],
+        "static_tps_hi": hi.loc["static", "tokens/s"],
+        "cont_tps_hi": hi.loc["continuous", "tokens/s"],
+        "static_ttft_p50_lo_ms": lo.loc["static", "TTFT p50 (ms)"],
+        "static_ttft_p50_ok_ms": ok.loc["static", "TTFT p50 (ms)"],
+        "static_ttft_p99_lo_ms": lo.loc["static", "TTFT p99 (ms)"],
+        "static_ttft_p99_ok_ms": ok.loc["static", "TTFT p99 (ms)"],
+        "fill_wait_lo_ms": lo.loc["static", "fill wait (ms)"],
+        "fill_wait_ok_ms": ok.loc["static", "fill wait (ms)"],
+        "dynamic_ttft_p50_lo_ms": lo.loc["dynamic", "TTFT p50 (ms)"],
+        "dynamic_ttft_p99_ok_ms": ok.loc["dynamic", "TTFT p99 (ms)"],
+        "cont_ttft_p99_lo_ms": lo.loc["continuous", "TTFT p99 (ms)"],
+        "cont_ttft_p99_ok_ms": ok.loc["continuous", "TTFT p99 (ms)"],
+        "ttft_p99_gap_ok": ok.loc["static", "TTFT p99 (ms)"] / ok.loc["continuous", "TTFT p99 (ms)"],
+        "static_tpot_p99_hi_ms": hi.loc["static", "TPOT p99 (ms)"],
+        "cont_tpot_p99_lo_ms": lo.loc["continuous", "TPOT p99 (ms)"],
+        "cont_tpot_p99_hi_ms": hi.loc["continuous", "TPOT p99 (ms)"],
+        "tpot_p99_ratio_hi": hi.loc["continuous", "TPOT p99 (ms)"] / hi.loc["static", "TPOT p99 (ms)"],
+        "queue_wait_hi_s": hi.loc["static", "queue wait (s)"],
+        "static_ttft_p99_hi_s": hi.loc["static", "TTFT p99 (ms)"] / 1e3,
+        "load_requests": k["load_requests"],
+        "few_static_ttft_max_ms": few_ttft_ms["static, batches of 4"],
+        "few_cont_ttft_max_ms": few_ttft_ms["continuous, at most 4 running, chunks of 1024"],
+        "worked_tps_gain": WORKED["tps_gain"],
+        "worked_ttft_p95_before_s": WORKED["ttft_p95_before_s"],
+        "worked_ttft_p95_after_s": WORKED["ttft_p95_after_s"],
+        "worked_ttft_p95_ratio": WORKED["ttft_p95_after_s"] / WORKED["ttft_p95_before_s"],
+        "incident_scale": incident_scale,
+        "incident_params_billion": res.data["params_count"] / 1e9 * incident_scale,
+        "long_prefill_ms": stack.iloc[long_i] * 1e3,
+        "long_prefill_M": stack.index[long_i],
+        "slo_ttft_ms": k["slo_ttft_s"] * 1e3,
+        "slo_tpot_ms": k["slo_tpot_s"] * 1e3,
+        "static_fill_ratio_ok": ok.loc["static", "TTFT p50 (ms)"] / ok.loc["static", "fill wait (ms)"],
+        "static_fill_ratio_lo": lo.loc["static", "TTFT p50 (ms)"] / lo.loc["static", "fill wait (ms)"],
+        "queue_ratio_hi": hi.loc["static", "TTFT p99 (ms)"] / 1e3 / hi.loc["static", "queue wait (s)"],
+        "fill_wait_lo_double_ms": (2 * B_MAX - 1) / (2 * lo["rate (requests/s)"].iloc[0]) * 1e3,
+        "window_ms": window * 1e3,
+        "window_over_ttft_before": window * 1e3 / inc.loc["before", "chat TTFT p95 (ms)"],
+        "mean_output": mean_output,
+        "offline_gain": offline["tokens/s"].max() / offline.loc["continuous, 32", "tokens/s"],
+        "offline_ttft_p50_max_s": offline["TTFT p50 (s)"].max(),
+        "targets_met": int(targets["met"].sum()),
+    }
+    texts = {"device_name": res.provenance["name"], "measured_date": res.date, "worst_point": worst_point}
+    tables = {"calibration_table": pts[["kind", "new", "ctx", "GPU time (ms)", "call time (ms)", "spread", "model (ms)",
+                                        "model / measured"]].round(3),
+              "load_table": shown_table.round(2), "incident_table": inc.round(1), "breakdown_table": slow.round(1),
+              "offline_table": offline.round(2), "targets_table": targets.round(3)}
+    return glue.Page(numbers=numbers, texts=texts, tables=tables)

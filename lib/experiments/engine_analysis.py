@@ -299,3 +299,136 @@ def ratio_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 def median_abs_err(frame: pd.DataFrame, column: str = "service fit / measured") -> float:
     return statistics.median(abs(v - 1) for v in frame[column])
+
+
+# ---------------------------------------------------------------------------- the page
+
+SRV, CAL = "service fit / measured", "calibrated / measured"  # sim_vs_engine's ratio columns
+
+
+def judged_column(frame: pd.DataFrame) -> str:
+    """The ratio column the targets are judged on: the detailed fit (the longest decode, the prompts per
+    step) where the step records hold what it needs; on records without them, the service fit."""
+    return "detailed fit / measured" if "detailed fit / measured" in frame.columns else SRV
+
+
+def fit_errors(cal: pd.DataFrame) -> pd.Series:
+    """|model / measured - 1| of each calibration point (``fitted``'s table)."""
+    return (cal["model / measured"] - 1).abs()
+
+
+def page(res, tl, *, cal, off, sve, ratios, sens, loads, inc, judged, dec, small: dict, steps: dict):
+    """Every number and word chapter 8's page quotes, by name (its tables are glued beside them in the
+    notebook): from the results ``res`` (data, params, provenance, date), the kept request's timeline ``tl``
+    (a ``lib.diagrams.timeline.Timeline``), the 8B run's tables (``fitted``'s ``cal``, ``offline``'s ``off``,
+    ``sim_vs_engine``'s ``sve``, ``fit_step_ratios``' ``ratios``, ``sensitivity``'s ``sens`` near capacity,
+    ``incident_loads``' ``loads``, ``incident``'s ``inc`` and ``judged``, ``decompositions``' ``dec``), the
+    smaller model's (``small``: data, cal, off, sve, sc (``step_costs``), inc, judged) and what the step
+    records say (``steps``: max_running {run: requests}, decode_ratio {"offline", "open loop": measured /
+    model}, prefill_ratio, prefill1_ratio (min, max), kv_peak); a ``glue.Page``.
+    (glue is imported here, so that the import statements stay as they were.)"""
+    from lib.bench import glue
+
+    data, params, worst = res.data, res.params, worst_err
+    JUDGED = judged_column(sve)
+    sdata, scal, soff, ssve, ssc = small["data"], small["cal"], small["off"], small["sve"], small["sc"]
+    sinc, sjudged = small["inc"], small["judged"]
+    max_running, decode_ratio, prefill1_ratio = steps["max_running"], steps["decode_ratio"], steps["prefill1_ratio"]
+    near_host = host_spread(data, "near")
+    snear = ssc[(ssc["run"] == "near") & (ssc["step"] == "prefill")].set_index("requests prefilled")["measured (ms)"]
+    snear = snear.reindex([1, 2, 3])  # a smoke run has no near-capacity run: NaN
+    ssve_near = ssve.reindex([("near", "TTFT P95")])
+    decode_fit = {n: ratios.loc[(n, "decode"), "measured / model"] for n in ("before", "after", "fix", "light", "near")}
+    prefill_fit = ratios.xs("prefill", level="step")["measured / model"]
+    stack = cal[cal["kind"] == "stack"]
+    numbers = {
+        "sim_vs_engine_ttft_p95_err_max": worst(sve, JUDGED, "TTFT P95"),
+        "sim_vs_engine_tpot_p95_err_max": worst(sve, JUDGED, "TPOT P95"),
+        "sim_srv_ttft_p95_err_max": worst(sve, SRV, "TTFT P95"), "sim_srv_tpot_p95_err_max": worst(sve, SRV, "TPOT P95"),
+        "sim_vs_engine_median_abs_err": median_abs_err(sve),
+        "sim_cal_ttft_p95_err_max": worst(sve, CAL, "TTFT P95"),
+        "sim_cal_tpot_p95_err_max": worst(sve, CAL, "TPOT P95"),
+        "sim_cal_median_abs_err": median_abs_err(sve, CAL),
+        "sim_cal_tpot_ratio_max": sve.xs("TPOT P50", level="metric")[CAL].max(),
+        "sim_srv_near_tpot_p50_ratio": sve.loc[("near", "TPOT P50"), SRV],
+        "sim_srv_after_ttft_p50_ratio": sve.loc[("after", "TTFT P50"), SRV],
+        "sim_srv_before_ttft_p95_ratio": sve.loc[("before", "TTFT P95"), SRV],
+        "sim_srv_after_ttft_p95_ratio": sve.loc[("after", "TTFT P95"), SRV],
+        "sim_srv_fix_ttft_p95_ratio": sve.loc[("fix", "TTFT P95"), SRV],
+        "fit_decode_incident_min": min(decode_fit[n] for n in ("before", "after", "fix")),
+        "fit_decode_incident_max": max(decode_fit[n] for n in ("before", "after", "fix")),
+        "fit_decode_chat_max": max(decode_fit[n] for n in ("light", "near")),
+        "fit_prefill_min": prefill_fit.min(), "fit_prefill_max": prefill_fit.max(),
+        "sens_near_p95_base_ms": sens.loc[1.0, "TTFT P95 (ms)"], "sens_near_p95_up_ms": sens.loc[1.1, "TTFT P95 (ms)"],
+        "sens_near_p95_down_ms": sens.loc[0.9, "TTFT P95 (ms)"],
+        "near_host_p5_ms": near_host["p5"] * 1e3, "near_host_p50_ms": near_host["p50"] * 1e3,
+        "near_host_p95_ms": near_host["p95"] * 1e3, "near_host_n": near_host["n"],
+        "cal_decode_b8_short_ms": decode_cal(cal, 8)[0], "cal_decode_b8_long_ms": decode_cal(cal, 8)[1],
+        "cal_decode_b64_short_ms": decode_cal(cal, 64)[0], "cal_decode_b64_long_ms": decode_cal(cal, 64)[1],
+        "loads_ratio_max": loads["after / before"].max(), "loads_ratio_min": loads["after / before"].min(),
+        "loads_top": loads.index.max(), "loads_fix_max": loads["fix / before"].max(),
+        "small_params_billion": sdata["params_count"] / 1e9, "small_tps": soff["tokens_per_s"],
+        "small_over_predicted": soff["over_predicted"], "small_host_over_gpu": soff["host_over_gpu"],
+        "small_gpu_ms": soff["gpu_ms"], "small_host_ms": soff["host_ms"], "small_ch7_gpu_ms": soff["ch7_gpu_ms"],
+        "small_ch7_call_ms": soff["ch7_call_ms"], "host_share_small_over_8b": soff["host_over_gpu"] / off["host_over_gpu"],
+        "small_stack_small_ms": scal[scal["kind"] == "stack"]["measured (ms)"].iloc[0],
+        "small_prefill1_ms": snear.loc[1], "small_prefill2_ms": snear.loc[2], "small_prefill3_ms": snear.loc[3],
+        "small_sim_ttft_p95_err_max": worst(ssve, SRV, "TTFT P95"),
+        "small_sim_tpot_p95_err_max": worst(ssve, SRV, "TPOT P95"),
+        "small_det_tpot_p95_err_max": worst(ssve, JUDGED, "TPOT P95"),
+        "small_det_ttft_p95_err_max": worst(ssve, JUDGED, "TTFT P95"),
+        "small_det_median_abs_err": median_abs_err(ssve, JUDGED),
+        "small_near_ttft_p95_det_ratio": ssve_near[JUDGED].iloc[0],
+        "small_incident_tps_gain": sjudged["tps_gain"], "small_incident_ttft_p95_ratio": sjudged["ttft_p95_ratio"],
+        "small_fix_ttft_p95_ratio": sjudged["fix_ttft_p95_ratio"], "small_fix_tps_kept": sjudged["fix_tps_kept"],
+        "small_chat_p50_before_ms": sinc.loc["before", "chat TTFT p50 (ms)"],
+        "small_chat_p50_after_ms": sinc.loc["after", "chat TTFT p50 (ms)"],
+        "small_chat_p95_before_ms": sinc.loc["before", "chat TTFT p95 (ms)"],
+        "small_chat_p95_after_ms": sinc.loc["after", "chat TTFT p95 (ms)"],
+        "small_chat_p95_fix_ms": sinc.loc["fix", "chat TTFT p95 (ms)"],
+        "small_prefill_steps_before": ssc[(ssc["run"] == "before") & (ssc["step"] == "prefill")]["steps"].sum(),
+        "small_prefill_steps_fix": ssc[(ssc["run"] == "fix") & (ssc["step"] == "prefill")]["steps"].sum(),
+        "small_near_ttft_p95_ms": ssve_near["measured (ms)"].iloc[0],
+        "small_near_ttft_p95_sim_ms": ssve_near["service fit (ms)"].iloc[0],
+        "small_capacity_rps": sdata["capacity_chat_rps"],
+        "small_near_rate": sdata["chat_runs"].get("near", {}).get("rate", float("nan")),
+        "host_over_gpu_b64": off["host_over_gpu"], "offline_tps_over_predicted": off["over_predicted"],
+        "offline_tps": off["tokens_per_s"], "offline_predicted_tps": off["predicted_tokens_per_s"],
+        "host_ms_b64": off["host_ms"], "gpu_ms_b64": off["gpu_ms"], "wall_ms_b64": off["wall_ms"],
+        "ch7_gpu_ms": off["ch7_gpu_ms"],
+        "engine_incident_tps_gain": judged["tps_gain"], "engine_incident_ttft_p95_ratio": judged["ttft_p95_ratio"],
+        "engine_fix_ttft_p95_ratio": judged["fix_ttft_p95_ratio"], "engine_fix_tps_kept": judged["fix_tps_kept"],
+        "prod_rate": data["prod_rate"], "capacity_before_rps": data["capacity_before_rps"],
+        "capacity_chat_rps": data["capacity_chat_rps"], "fit_err_max": fit_errors(cal).max(),
+        "max_running_before": max_running["before"], "max_running_after": max_running["after"],
+        "decode_ratio_offline": decode_ratio["offline"], "decode_ratio_open_loop": decode_ratio["open loop"],
+        "prefill_ratio_open_loop": steps["prefill_ratio"], "ch7_call_ms": off["ch7_call_ms"],
+        "stack_small_ms": stack["measured (ms)"].iloc[0],
+        "stack_floor_ms": cal[(cal["kind"] == "stack") & (cal["new"] <= 256)]["measured (ms)"].min(),
+        "stack_large_ms": stack["measured (ms)"].iloc[-1],
+        "stack_large_M": stack["new"].iloc[-1],
+        "decode_b1_ms": cal[(cal["kind"] == "decode")]["measured (ms)"].iloc[0],
+        "bench_tps_before": inc.loc["before", "benchmark tokens/s"],
+        "bench_tps_after": inc.loc["after", "benchmark tokens/s"], "bench_tps_fix": inc.loc["fix", "benchmark tokens/s"],
+        "chat_p95_before_ms": inc.loc["before", "chat TTFT p95 (ms)"],
+        "chat_p95_after_ms": inc.loc["after", "chat TTFT p95 (ms)"],
+        "chat_p95_fix_ms": inc.loc["fix", "chat TTFT p95 (ms)"],
+        "chat_p50_before_ms": inc.loc["before", "chat TTFT p50 (ms)"],
+        "chat_p50_after_ms": inc.loc["after", "chat TTFT p50 (ms)"],
+        "chat_p50_fix_ms": inc.loc["fix", "chat TTFT p50 (ms)"],
+        "fix_tps_gain": judged["fix_tps_gain"], "timeline_id": tl.id,
+        "timeline_ttft_ms": tl.ttft * 1e3, "timeline_queue_ms": tl.stages()["queue"] * 1e3,
+        "timeline_prefill_ms": tl.stages()["prefill"] * 1e3, "timeline_tpot_ms": tl.tpot * 1e3,
+        "timeline_tokens": len(tl.token_times),
+        "near_ttft_p95_ms": sve.loc[("near", "TTFT P95"), "measured (ms)"],
+        "near_ttft_p95_sim_ms": sve.loc[("near", "TTFT P95"), "service fit (ms)"],
+        "light_ttft_p50_ratio": sve.loc[("light", "TTFT P50"), CAL],
+        "pool_gib": params["kv_gib"], "pool_blocks": data["pool_blocks"],
+        "prefill1_ratio_min": prefill1_ratio["min"], "prefill1_ratio_max": prefill1_ratio["max"],
+        "kv_peak_frac": steps["kv_peak"], "dec_before_p50_prefill_ms": dec.loc[("before", 50), "prefill (ms)"],
+        "dec_before_p50_ttft_ms": dec.loc[("before", 50), "ttft (ms)"],
+        "dec_before_p95_queue_ms": dec.loc[("before", 95), "queue (ms)"],
+        "dec_before_p95_ttft_ms": dec.loc[("before", 95), "ttft (ms)"],
+        "dec_light_p95_queue_ms": dec.loc[("light", 95), "queue (ms)"],
+    }
+    return glue.Page(numbers=numbers, texts={"device_name": res.provenance["name"], "measured_date": res.date})
