@@ -3,6 +3,12 @@ its checks of the timed paths, and the workload replay."""
 
 from __future__ import annotations
 
+import math
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
 import pytest
 import torch
 
@@ -184,3 +190,116 @@ def test_weight_bytes_of_the_1b_model():
     c = models.CONFIGS["1b"]
     per_layer = 2048 * (32 + 16) * 64 + 32 * 64 * 2048 + 2048 * 2 * 8192 + 8192 * 2048
     assert pc.weight_bytes(c) == 2 * (16 * per_layer + 32000 * 2048)
+
+
+# ---------------------------------------------------------------------------- the page's numbers
+
+BOOK = Path(__file__).resolve().parents[1] / "book"
+CLAIMS_NAMES = {"claims_table", "claims_held", "claims_total", "book_targets", "book_targets_table"}
+
+
+def pasted(notebook: str) -> set[str]:
+    """The glue names the book's pages paste from ``notebook``: by its path, and ``{glue:figure}`` on its own
+    page; less its figures (glued where they are drawn) and its claims (glued by ``Claims.glue``)."""
+    names = set()
+    for md in BOOK.rglob("*.md"):
+        text = md.read_text(encoding="utf-8")
+        names |= set(re.findall(rf"{re.escape(notebook)}\.ipynb::(\w+)", text))
+        if md.parent == BOOK and md.stem == notebook:
+            names |= set(re.findall(r"```\{glue:figure\}\s+(\w+)", text))
+    return {n for n in names if not n.startswith("fig_")} - CLAIMS_NAMES
+
+
+def synthetic_page(**changes):
+    """A page from a small made-up run of the tiny model: prompts of 32 and 64 tokens (none and 90% cached),
+    an attack at prefixes of 16 and 256 tokens, two pool sizes of the workload replay."""
+    res = SimpleNamespace(
+        params={"config": "tiny", "exact_len": 64, "exact_frac": 0.9, "attack": {"trials": 4}},
+        data={"params_count": 2.5e9, "exactness": {"reused_vs_whole": 0.01, "whole_vs_fp32": 0.02,
+                                                    "reused_vs_fp32": 0.015, "logit_absmax": 10.0, "argmax_agree": 1.0}},
+        provenance={"name": "Made-up GPU"}, date="2025-01-02")
+    cols = ["n", "fraction", "cached", "GPU time (ms)", "call time (ms)", "of peak", "predicted (ms)",
+            "predicted / measured", "speedup", "predicted speedup", "measured / predicted", "FLOP-only speedup"]
+    pre = pd.DataFrame([(32, 0.0, 0, 2.0, 3.0, 0.1, 1.0, 0.5, 1.0, 1.0, 1.0, 1.0),
+                        (32, 0.9, 28, 1.0, 2.5, 0.05, 0.4, 0.4, 2.0, 2.5, 0.8, 6.0),
+                        (64, 0.0, 0, 8.0, 9.0, 0.3, 4.0, 0.5, 1.0, 1.0, 1.0, 1.0),
+                        (64, 0.9, 56, 2.0, 2.2, 0.2, 1.0, 0.5, 4.0, 3.2, 1.25, 8.0)], columns=cols)
+    decode_table = pd.DataFrame({"decode GPU time (us)": [100.0, 150.0], "decode call time (us)": [400.0, 450.0],
+                                 "vs shortest prompt": [1.0, 1.5]}, index=pd.Index([32, 64], name="n"))
+    # time to first token (us): long prefix, shared cache: hits 1000 and 1200, misses 3000 and 3400; short prefix:
+    # hits 2100 and 2300, misses 2000 and 2200 (a hit comes later); the salted trials do not enter the page
+    trials = [(256, "shared", True, 1000), (256, "shared", True, 1200), (256, "shared", False, 3000),
+              (256, "shared", False, 3400), (16, "shared", True, 2100), (16, "shared", True, 2300),
+              (16, "shared", False, 2000), (16, "shared", False, 2200), (256, "salted", True, 1.0),
+              (16, "salted", False, 1.0)]
+    attack = pd.DataFrame(trials, columns=["prefix", "isolation", "positive", "ttft_us"])
+    auc_table = pd.DataFrame({"shared": [0.3, 1.0], "salted": [0.5, 0.55]}, index=pd.Index([16, 256], name="prefix"))
+    targets = pd.DataFrame({"met": [True, False, True]})
+    workload = pd.DataFrame([(256, "LRU, 1 running", 0.30, 0), (256, "FIFO, 1 running", 0.20, 0),
+                             (256, "LRU, 32 running", 0.10, 5), (512, "LRU, 1 running", 0.60, 0),
+                             (512, "FIFO, 1 running", 0.55, 0), (512, "LRU, 32 running", 0.58, 0)],
+                            columns=["pool tokens", "case", "saved", "rejected"])
+    cpu = {name: float(i) for i, name in enumerate(pc.CPU_NUMBERS)}  # handed on: 0, 1, 2, ...
+    tables = {"savings_table": pd.DataFrame({"x": [1.23456]}), "attack_table": pd.DataFrame({"x": [1.23456]}),
+              "keys_table": pd.DataFrame({"x": [1.23456]}), "decode_breakdown": None}
+    args = dict(res=res, ceil={"launch_graph_us": 2.0, "read_bw_GBps": 4000.0, "bf16_tflops": 700.0}, pre=pre,
+                decode_table=decode_table, attack=attack, auc_table=auc_table, targets=targets, workload=workload,
+                cpu=cpu, tables=tables, decode_numbers={"decode_kernels": 10}, prefill_profiled=["k"] * 3)
+    return pc.page(**{**args, **changes})
+
+
+def test_the_page_of_a_small_run_worked_by_hand():
+    page = synthetic_page()
+    n, t = page.numbers, page.texts
+    # the row of 90% of 64 tokens: 8 ms whole, 2 ms with 56 cached; the model's 1 ms against 4 ms whole
+    assert (n["speedup_90pct_8k"], n["predicted_speedup_90pct_8k"], n["flop_speedup_90pct_8k"]) == (4.0, 3.2, 8.0)
+    assert (n["full_8k_ms"], n["cached_8k_ms"], n["pred_8k_ms"], n["pred_full_8k_ms"]) == (8.0, 2.0, 1.0, 4.0)
+    assert (n["n_max"], n["full_max_ms"], n["of_peak_full_max"], n["of_peak_short"]) == (64, 8.0, 0.3, 0.05)
+    assert (n["gpu_short_full_ms"], n["gpu_short_cached_ms"], n["call_floor_ms"]) == (2.0, 1.0, 2.2)
+    # over the cached rows only: predicted / measured 0.4 and 0.5, measured / predicted 0.8 and 1.25
+    assert (n["pred_over_meas_min"], n["pred_over_meas_max"]) == (0.4, 0.5)
+    assert (n["meas_over_pred_min"], n["meas_over_pred_max"]) == (0.8, 1.25)
+    # the tiny model: 2 layers of 26 kernels and 21 per call; its layers hold 2 (64 * 128 + 64 * 64 + 64 * 192
+    # + 96 * 64) = 61,440 weights, Llama-3-8B's 32 * 4096 * (6144 + 4096 + 28672 + 14336)
+    assert n["kernels_per_prefill"] == n["prefill_kernels_model"] == 73 and n["gqa_group"] == 2
+    assert n["weights_ratio_8b"] == pytest.approx(32 * 4096 * 53248 / 61440)
+    assert (n["decode_us_min"], n["decode_prompt_min"], n["decode_call_ms_min"]) == (100.0, 32, 0.4)
+    assert (n["decode_us_max"], n["decode_growth"]) == (150.0, 1.5)
+    # the attack: medians of two trials each; the short prefix's AUC of 0.3 reads as 0.7 the other way round
+    assert (n["ttft_hit_ms"], n["ttft_miss_ms"], n["ttft_short_hit_ms"], n["ttft_short_miss_ms"]) == (1.1, 3.2, 2.2, 2.1)
+    assert (n["side_channel_auc_shared"], n["side_channel_auc_salted"], n["auc_short_shared"]) == (1.0, 0.55, 0.3)
+    assert n["auc_short_either_way"] == 0.7 and (n["attack_prefix"], n["attack_prefix_short"]) == (256, 16)
+    assert t["short_hit_direction"] == "later" and t["short_leak"] == "a good deal"  # 0.7 is above 0.65
+    # the workload at 256 tokens: LRU 0.3, FIFO 0.2, LRU with 32 running 0.1 and 5 turned away
+    assert (n["hit_lru_max"], n["hit_lru_small"], n["hit_fifo_small"]) == (0.6, 0.3, 0.2)
+    assert n["lru_minus_fifo_max"] == pytest.approx(0.1) and n["pinned_loss_max"] == pytest.approx(0.2)
+    assert (n["rejected_pinned_small"], n["pool_tokens_small"]) == (5, 256)
+    # handed on as given
+    assert [n[name] for name in pc.CPU_NUMBERS] == list(range(8))
+    assert (n["decode_kernels"], n["prefill_kernels_profiled"]) == (10, 3)
+    assert (n["params_billion"], n["targets_met"], n["attack_trials"], n["read_bw_GBps"]) == (2.5, 2, 4, 4000.0)
+    assert (t["device_name"], t["measured_date"]) == ("Made-up GPU", "2025-01-02")
+    # tables rounded as the page shows them; one given as None (no profile off a GPU) is left off
+    assert set(page.tables) == {"savings_table", "attack_table", "keys_table"}
+    assert [page.tables[k]["x"].iloc[0] for k in ("savings_table", "attack_table", "keys_table")] == [1.235, 1.2, 1.23456]
+
+
+def test_the_page_off_a_gpu_and_a_short_prefix_that_leaks_little():
+    auc_table = pd.DataFrame({"shared": [0.6, 1.0], "salted": [0.5, 0.5]}, index=pd.Index([16, 256], name="prefix"))
+    page = synthetic_page(decode_numbers=None, prefill_profiled=None, auc_table=auc_table)
+    assert math.isnan(page.numbers["prefill_kernels_profiled"]) and "decode_kernels" not in page.numbers
+    assert page.texts["short_leak"] == "little" and page.numbers["auc_short_either_way"] == 0.6
+    with pytest.raises(ValueError, match="not tables of the page"):
+        synthetic_page(tables={"typo_table": pd.DataFrame({"x": [1]})})
+    with pytest.raises(ValueError, match="CPU demonstrations"):
+        synthetic_page(cpu={"example_reusable_tokens": 3})
+
+
+def test_the_page_holds_every_name_the_book_pastes():
+    names = pasted("05-prefix-caching")
+    assert {"speedup_90pct_8k", "short_leak", "prediction_table", "decode_breakdown"} <= names  # the search works
+    decode_numbers = pc.decode_breakdown([{"name": "nvjet", "us": 1.0}, {"name": "silu", "us": 1.0}], 3.0, 2, 1e6, 1.0)[1]
+    page = synthetic_page(decode_numbers=decode_numbers,
+                          tables={name: pd.DataFrame({"x": [1]}) for name in pc.TABLE_DECIMALS})
+    missing = names - set(page.numbers) - set(page.texts) - set(page.tables)
+    assert not missing, f"the book pastes {sorted(missing)}, which the page lacks"

@@ -1,8 +1,15 @@
 """Chapter 9's experiment (lib.experiments.quantization) at its smoke size on the CPU: every format is checked
 and timed at every shape and row count, and the error study orders the formats as their step sizes say."""
 
+import math
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
 import pytest
 
+from lib.bench import ceilings, results
 from lib.experiments import quantization as qx
 
 
@@ -255,3 +262,81 @@ def test_the_fp8_paths_with_and_without_the_quantization_of_x_compute_the_same_p
     assert y.shape == (5, 48)  # the rows padded to 16 for the product are cut off again
     assert torch.equal(y, full.call(x, state))
     assert qx.check(gemm, x, state) < 1e-2  # bf16 output against float64 over the rounded x and w
+
+
+# ---------------------------------------------------------------------------- the page's numbers
+
+BOOK = Path(__file__).resolve().parents[1] / "book"
+CLAIMS_NAMES = {"claims_table", "claims_held", "claims_total", "book_targets", "book_targets_table"}
+
+
+def page_from(stored: dict, ceil: dict, *, without=()):
+    """Chapter 9's page from stored results, through the notebook's own tables; ``without``: formats left out
+    of the products' rows (as a run without those paths)."""
+    data, params, prov = stored["data"], stored["params"], stored["provenance"]
+    res = SimpleNamespace(data=data, params=params, provenance=prov, date=prov["date"][:10])
+    read, mma = ceil["read_bw_GBps"], ceil["bf16_tflops"]
+    df = qx.speedups([r for r in data["rows"] if r["format"] not in without])
+    checks = pd.DataFrame(data["checks"])
+    checks["timed"] = ["yes" if e <= params["tolerance"] else "no" for e in checks["rel_err"]]
+    return qx.page(res, df, qx.memory_bound_points(df, read, mma), qx.step_table(data["step"], read),
+                   qx.layout_table(data["layouts"]), qx.kv_table(data["kv"]["rows"]),
+                   pd.DataFrame(data["kv"]["checks"]), checks, read)
+
+
+@pytest.fixture(scope="module")
+def h200():
+    stored = results.load("09-quantization")
+    return stored, page_from(stored, ceilings.load())
+
+
+def test_the_page_of_the_stored_h200_results_worked_by_hand(h200):
+    stored, page = h200
+    data, n, t = stored["data"], page.numbers, page.texts
+    assert len(n) == 85 and set(t) == {"device_name", "measured_date", "fp8_gemm_max_shape"}
+    # int4 in groups of 128 reads 0.5 + 4 / 128 = 17/32 bytes a weight, in groups of 32 0.5 + 4 / 32 = 5/8
+    assert n["int4_g128_bound"] == pytest.approx(2 / (17 / 32))
+    assert n["g32_over_g128_bytes"] == pytest.approx((5 / 8) / (17 / 32))
+    assert (n["scale_share_g32"], n["scale_share_g128"]) == (pytest.approx(0.2), pytest.approx(1 / 17))
+    assert (n["tolerance"], n["step_b16"]) == (0.02, 16.0)
+
+    def gpu(fmt, M):  # GPU time by product at M rows, from the stored rows
+        return {r["shape"]: r["gpu_us"] for r in data["rows"] if r["format"] == fmt and r["M"] == M}
+
+    int4, bf16 = gpu("int4 g128", 1), gpu("bf16", 1)
+    assert n["int4_g128_speedup_m1_min"] == pytest.approx(min(bf16[s] / int4[s] for s in int4))
+    assert n["int4_m1_share_of_bound_max"] == pytest.approx(max(bf16[s] / int4[s] for s in int4) / (64 / 17))
+    gemm = [(gpu("bf16", r["M"])[r["shape"]] / r["gpu_us"], r["shape"], r["M"]) for r in data["rows"]
+            if r["format"] == "fp8 gemm" and r["gpu_us"] is not None]
+    best = max(gemm)
+    assert (n["fp8_gemm_speedup_max"], n["fp8_gemm_max_rows"]) == (pytest.approx(best[0]), best[2])
+    assert t["fp8_gemm_max_shape"] == best[1].replace("_", "-")
+    step = {(r["format"], r["B"]): r["gpu_us"] for r in data["step"]}
+    assert n["step_int4_b1_ms"] == pytest.approx(step[("int4 g128", 1)] / 1e3)
+    assert n["step_int8_speedup_b16"] == pytest.approx(step[("bf16", 16)] / step[("int8", 16)])
+    kv = {(r["B"], r["L"], r["format"]): r["gpu_us"] for r in data["kv"]["rows"]}
+    assert n["fp8_kv_speedup_max"] == pytest.approx(max(kv[(B, L, "bf16")] / kv[(B, L, "fp8")] for B, L, _ in kv))
+    assert n["err_int8_gauss"] == max(r["rel_err"] for r in data["errors"]
+                                      if r["format"] == "int8" and r["weights"] == "gaussian")
+    assert n["checks_max_err_timed"] == max(r["rel_err"] for r in data["checks"] if r["rel_err"] <= 0.02)
+    assert t["device_name"].startswith("NVIDIA H200") and len(t["measured_date"]) == 10
+
+
+def test_the_page_without_the_fp8_gemm_path_says_nan(h200):
+    page = page_from(h200[0], ceilings.load(), without=("fp8 gemm",))
+    n = page.numbers
+    for name in ("fp8_gemm_speedup_max", "fp8_gemm_max_rows", "fp8_gemm_speedup_min", "bf16_at_fp8_max_us",
+                 "fp8_quantize_x_us_m1", "fp8_gemm_over_int4_from_rows", "fp8_gemm_speedup_m1_min"):
+        assert math.isnan(n[name]), name
+    assert page.texts["fp8_gemm_max_shape"] == "-"
+    assert n["int4_g128_speedup_m1_min"] == h200[1].numbers["int4_g128_speedup_m1_min"]  # the rest as before
+
+
+def test_the_page_holds_every_name_the_book_pastes(h200):
+    names = set()
+    for md in BOOK.rglob("*.md"):
+        names |= set(re.findall(r"09-quantization\.ipynb::(\w+)", md.read_text(encoding="utf-8")))
+    names -= CLAIMS_NAMES
+    assert {"int4_g128_speedup_m1_min", "fp8_gemm_max_shape"} <= names  # the search works
+    missing = names - set(h200[1].numbers) - set(h200[1].texts)
+    assert not missing, f"the book pastes {sorted(missing)}, which the page lacks"

@@ -338,3 +338,134 @@ def predict_prefill(cfg, n: int, cached: int, roof, *, b: int = 2) -> dict:
     cost = prefill_cost(cfg, n, cached, b=b)
     return {**cost, "ms": roof.time(cost["flops"], cost["bytes"], cost["kernels"]) * 1e3,
             "bound": roof.bound(cost["flops"], cost["bytes"], cost["kernels"])}
+
+
+# ---------------------------------------------------------------------------- the page
+
+# the numbers of the CPU demonstrations that the page quotes (the notebook computes them in every mode)
+CPU_NUMBERS = ("example_reusable_tokens", "example_suffix_reuse", "cpu_hit_tokens", "max_logit_diff_fp32",
+               "hit_15_b16", "hit_100_b64", "wl_prompts", "wl_mean_tokens")
+# the tables the page shows, by glue name, and the decimals each is rounded to (None: shown as it is)
+TABLE_DECIMALS = {"keys_table": None, "exact_table": None, "savings_table": 3, "prediction_table": 3,
+                  "decode_breakdown": 3, "decode_table": 3, "auc_table": 3, "attack_table": 1, "targets_table": 3}
+
+
+def _layer_weights(layers: int, linears) -> int:
+    """Weights of ``layers`` layers of the products ``linears`` ((K, N) pairs)."""
+    return layers * sum(k * nn for k, nn in linears)
+
+
+def page(res, ceil: dict, pre: pd.DataFrame, decode_table: pd.DataFrame, attack: pd.DataFrame,
+         auc_table: pd.DataFrame, targets: pd.DataFrame, workload: pd.DataFrame, cpu: dict, tables: dict,
+         decode_numbers: dict | None = None, prefill_profiled: list | None = None):
+    """Every number, word and table chapter 5's page quotes, by name: a ``glue.Page``.
+
+    ``res``: the results (params, data, provenance, date); ``ceil``: chapter 0's ceilings; ``pre``: the
+    prefill rows of the savings with their predictions and speedups (the notebook's table, one row per
+    (n, fraction)); ``decode_table``: the decode step by prompt length (indexed by n); ``attack``: the
+    attack's trials (one row each); ``auc_table``: the attack's AUC by prefix and isolation; ``targets``:
+    the chapter's targets (a "met" column); ``workload``: ``replay_workload``'s table; ``cpu``: the numbers
+    of the CPU demonstrations (``CPU_NUMBERS``, each), handed on as given; ``tables``: the tables by glue name (``TABLE_DECIMALS``
+    says how each is rounded; a table given as None is left off); ``decode_numbers``: ``decode_breakdown``'s
+    numbers and ``prefill_profiled``: the kernels of one profiled prefill (both absent off a GPU).
+    (glue and costs are imported here, so that the import statements the measuring code uses stay as they were.)"""
+    from lib import costs
+    from lib.bench import glue
+
+    unknown = set(tables) - set(TABLE_DECIMALS)
+    if unknown:
+        raise ValueError(f"tables {sorted(unknown)} are not tables of the page ({sorted(TABLE_DECIMALS)})")
+    if set(cpu) != set(CPU_NUMBERS):
+        raise ValueError(f"the CPU demonstrations' numbers are {CPU_NUMBERS}, got {sorted(cpu)}")
+    cfg, ex, at = models.CONFIGS[res.params["config"]], res.data["exactness"], attack
+    n8 = res.params["exact_len"]
+    row = pre[(pre["n"] == n8) & (pre["fraction"] == res.params["exact_frac"])].iloc[0]
+    full = pre[pre["cached"] == 0].set_index("n")
+    full_time, full_pred = full["GPU time (ms)"], full["predicted (ms)"]
+    cached_rows = pre[pre["cached"] > 0]
+    nmax, nmin = pre["n"].max(), pre["n"].min()
+    plen_max, plen_min = int(at["prefix"].max()), int(at["prefix"].min())
+    auc = auc_table.loc[plen_max].to_dict()
+    auc_short = auc_table.loc[plen_min, "shared"]
+    med = at[at["prefix"] == plen_max].groupby(["isolation", "positive"])["ttft_us"].median()
+    med_short = at[at["prefix"] == plen_min].groupby(["isolation", "positive"])["ttft_us"].median()
+    short_full = pre[(pre["n"] == nmin) & (pre["cached"] == 0)].iloc[0]
+    hit = workload.pivot(index="pool tokens", columns="case", values="saved")
+    rejected = workload.pivot(index="pool tokens", columns="case", values="rejected")
+    lru, fifo, pinned = (hit[c] for c in ("LRU, 1 running", "FIFO, 1 running", "LRU, 32 running"))
+    l8b = costs.LLAMA3_8B
+    linears = [(cfg.hidden, (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim), (cfg.heads * cfg.head_dim, cfg.hidden),
+               (cfg.hidden, 2 * cfg.mlp), (cfg.mlp, cfg.hidden)]
+    texts = {
+        "device_name": res.provenance["name"], "measured_date": res.date,
+        # which way the short prefix's hits went, and how much an attacker reads from it (AUC read either
+        # way: 0.5 nothing, 1 everything; "little" up to 0.65)
+        "short_hit_direction": "later" if med_short[("shared", True)] > med_short[("shared", False)] else "sooner",
+        "short_leak": "little" if max(auc_short, 1 - auc_short) <= 0.65 else "a good deal"}
+    numbers = {
+        **(decode_numbers or {}),
+        "prefill_kernels_model": cfg.layers * KERNELS_PER_LAYER + KERNELS_PER_CALL,
+        "prefill_kernels_profiled": len(prefill_profiled) if prefill_profiled is not None else float("nan"),
+        **cpu,
+        "hit_lru_max": lru.max(),
+        "hit_lru_small": lru.iloc[0],
+        "hit_fifo_small": fifo.iloc[0],
+        "lru_minus_fifo_max": (lru - fifo).max(),
+        "pinned_loss_max": (lru - pinned).max(),
+        "rejected_pinned_small": rejected["LRU, 32 running"].iloc[0],
+        "pool_tokens_small": hit.index[0],
+        "params_billion": res.data["params_count"] / 1e9,
+        "max_logit_diff_bf16": ex["reused_vs_whole"],
+        "bf16_vs_fp32_diff": ex["whole_vs_fp32"],
+        "reused_vs_fp32_diff": ex["reused_vs_fp32"],
+        "logit_absmax": ex["logit_absmax"],
+        "argmax_agree": ex["argmax_agree"],
+        "speedup_90pct_8k": float(row["speedup"]),
+        "predicted_speedup_90pct_8k": float(row["predicted speedup"]),
+        "full_8k_ms": full_time[n8],
+        "cached_8k_ms": float(row["GPU time (ms)"]),
+        "full_max_ms": full_time[nmax],
+        "n_max": nmax,
+        "of_peak_full_max": full.loc[nmax, "of peak"],
+        "of_peak_short": pre[(pre["n"] == nmin) & (pre["fraction"] == pre["fraction"].max())]["of peak"].iloc[0],
+        "flop_speedup_90pct_8k": float(row["FLOP-only speedup"]),
+        "pred_8k_ms": row["predicted (ms)"],  # chapter 2's model at 90% of n8, as the table predicts it
+        "pred_full_8k_ms": full_pred[n8],
+        "pred_over_meas_min": cached_rows["predicted / measured"].min(),
+        "pred_over_meas_max": cached_rows["predicted / measured"].max(),
+        "kernels_per_prefill": cfg.layers * KERNELS_PER_LAYER + KERNELS_PER_CALL,
+        "kernels_per_layer": KERNELS_PER_LAYER,
+        "launch_graph_us": ceil["launch_graph_us"],
+        "read_bw_GBps": ceil["read_bw_GBps"],
+        "bf16_tflops": ceil["bf16_tflops"],
+        "gqa_group": cfg.heads // cfg.kv_heads,
+        "cfg_layers": cfg.layers,
+        "cfg_heads": cfg.heads,
+        "cfg_kv_heads": cfg.kv_heads,
+        "weights_ratio_8b": _layer_weights(l8b["layers"], l8b["linears"].values()) / _layer_weights(cfg.layers, linears),
+        "meas_over_pred_min": cached_rows["measured / predicted"].min(),
+        "meas_over_pred_max": cached_rows["measured / predicted"].max(),
+        "decode_us_min": decode_table["decode GPU time (us)"].iloc[0],
+        "decode_prompt_min": int(decode_table.index[0]),
+        "decode_call_ms_min": decode_table["decode call time (us)"].iloc[0] / 1e3,
+        "decode_us_max": decode_table["decode GPU time (us)"].iloc[-1],
+        "decode_growth": decode_table["vs shortest prompt"].iloc[-1],
+        "side_channel_auc_shared": auc["shared"],
+        "side_channel_auc_salted": auc["salted"],
+        "attack_prefix": plen_max,
+        "attack_prefix_short": plen_min,
+        "auc_short_shared": auc_short,
+        "call_floor_ms": pre["call time (ms)"].min(),
+        "gpu_short_full_ms": short_full["GPU time (ms)"],
+        "gpu_short_cached_ms": pre[pre["n"] == nmin]["GPU time (ms)"].min(),
+        "attack_trials": res.params["attack"]["trials"],
+        "ttft_hit_ms": med[("shared", True)] / 1e3,
+        "ttft_miss_ms": med[("shared", False)] / 1e3,
+        "ttft_short_hit_ms": med_short[("shared", True)] / 1e3,
+        "ttft_short_miss_ms": med_short[("shared", False)] / 1e3,
+        "auc_short_either_way": max(auc_short, 1 - auc_short),  # an AUC below 0.5 informs as much, inverted
+        "targets_met": int(targets["met"].sum()),
+    }
+    shown = {name: t if TABLE_DECIMALS[name] is None else t.round(TABLE_DECIMALS[name])
+             for name, t in tables.items() if t is not None}
+    return glue.Page(numbers=numbers, texts=texts, tables=shown)

@@ -562,3 +562,111 @@ def speedup_max(df, fmt: str, M: int) -> float:
     """The largest speedup of ``fmt`` over bf16 at M rows over the shapes (NaN where it was not timed)."""
     s = df[(df["format"] == fmt) & (df["M"] == M)]["speedup"]
     return float(s.max()) if len(s) else float("nan")
+
+
+# ---------------------------------------------------------------------------- the page
+
+def page(res, df: pd.DataFrame, mb: pd.DataFrame, st: pd.DataFrame, lay: pd.DataFrame, kvt: pd.DataFrame,
+         kvc: pd.DataFrame, checks: pd.DataFrame, read_GBps: float):
+    """Every number and word chapter 9's page quotes, by name, from the notebook's tables: a ``glue.Page``.
+
+    ``res``: the results (params, data, provenance, date); ``df``: ``speedups`` of the products; ``mb``:
+    ``memory_bound_points``; ``st``: ``step_table``; ``lay``: ``layout_table``; ``kvt``: ``kv_table``;
+    ``kvc``: the KV cache's checks (a row each); ``checks``: the products' checks with a "timed" column
+    ("yes" within the tolerance); ``read_GBps``: chapter 0's read rate. A format or row count that was not
+    timed (a smoke run on the CPU has no vendor path) gives NaN.
+    (glue is imported here, so that the import statements the measuring code uses stay as they were.)"""
+    from lib.bench import glue
+
+    nan = float("nan")
+    rows, g = res.params["rows"], res.params["step"]["group"]
+    e = pd.DataFrame(res.data["errors"]).pivot_table(index="format", columns="weights", values="rel_err", aggfunc="max")
+    mm = mb.groupby("format")["measured / predicted"]  # a format with no memory-bound point (a smoke run): NaN
+    by = {f: st[(st["format"] == f) & (st["B"] == st["B"].min())].iloc[0] for f in st["format"].unique()}
+    b16 = {f: st[(st["format"] == f) & (st["B"] == st["B"].max())].iloc[0] for f in st["format"].unique()}
+    b1 = by[f"int4 g{g}"]
+    k1 = {r["format"]: r["kernels_us"] or {} for r in res.data["step"] if r["B"] == st["B"].min()}
+    g1 = df[(df["M"] == rows[0]) & df["format"].str.startswith("int4")]
+    g1t = g1.pivot_table(index="shape", columns="format", values="gpu_us")
+    ok = checks[checks["timed"] == "yes"]["rel_err"]
+    t4 = df[df["format"] == "torch int4 g128"].groupby("M")["speedup"].max()
+    r1 = memory_model(df, read_GBps)
+    r1 = r1[(r1["format"] == "int4 g128") & (r1["M"] == rows[0])]["predicted_us"]
+    gemm = df[(df["format"] == "fp8 gemm") & df["speedup"].notna()]  # none on the CPU (a vendor path)
+    bf = df[df["format"] == "bf16"].set_index(["shape", "M"])["gpu_us"]
+    if len(gemm):
+        top = gemm.loc[gemm["speedup"].idxmax()]
+        i = rows.index(top["M"])  # bf16 at the row count before (none before the first)
+        at = {"speedup": float(top["speedup"]), "M": float(top["M"]), "shape": str(top["shape"]).replace("_", "-"),
+              "bf16": float(bf[(top["shape"], top["M"])]), "before": float(bf[(top["shape"], rows[i - 1])]) if i else nan}
+    else:
+        at = {"speedup": nan, "M": nan, "shape": "-", "bf16": nan, "before": nan}
+    t1 = df[df["M"] == rows[0]].pivot_table(index="shape", columns="format", values="gpu_us")
+    lr = lay["interleaved / separate"]
+    speeds = {  # (name, format, M, least or largest over the products)
+        "int4_g128_speedup_m1_min": ("int4 g128", 1, min), "int4_g128_speedup_m16_min": ("int4 g128", 16, min),
+        "int8_speedup_m1_min": ("int8", 1, min), "torch_int4_speedup_m1_min": ("torch int4 g128", 1, min),
+        "fp8_speedup_m2048_min": ("fp8", 2048, min), "int4_g128_speedup_m2_max": ("int4 g128", 2, max),
+        "torch_int4_speedup_m4_min": ("torch int4 g128", 4, min), "torch_int8_speedup_m1_max": ("torch int8", 1, max),
+        "int4_g128_speedup_m1_max": ("int4 g128", 1, max), "torch_int4_speedup_m1_max": ("torch int4 g128", 1, max),
+        "int8_speedup_m1_max": ("int8", 1, max), "torch_int8_speedup_m1_min": ("torch int8", 1, min),
+        "int4_g128_speedup_m16_max": ("int4 g128", 16, max), "torch_int4_speedup_m16_max": ("torch int4 g128", 16, max),
+        "int8_speedup_m16_min": ("int8", 16, min), "int8_speedup_m16_max": ("int8", 16, max),
+        "fp8_gemm_speedup_m1_min": ("fp8 gemm", 1, min), "fp8_gemm_speedup_m1_max": ("fp8 gemm", 1, max),
+        "fp8_gemm_speedup_m2048_min": ("fp8 gemm", 2048, min), "fp8_speedup_m1_min": ("fp8", 1, min),
+        "fp8_speedup_m1_max": ("fp8", 1, max), "int4_g128_speedup_m32_min": ("int4 g128", 32, min),
+        "int4_g128_speedup_m32_max": ("int4 g128", 32, max), "int4_g128_speedup_m4096_min": ("int4 g128", rows[-1], min),
+    }
+    numbers = {name: (speedup_min if f is min else speedup_max)(df, fmt, M) for name, (fmt, M, f) in speeds.items()}
+    numbers.update({
+        "fp8_gemm_over_int4_from_rows": first_rows_faster(df, "fp8 gemm", "int4 g128"),
+        "step_int4_over_floor_b1": b1["over floor"], "step_int4_speedup_b1": b1["speedup"],
+        "quant_model_median_abs_err": float((mb["measured / predicted"] - 1).abs().median()),
+        "int4_g128_bound": quant.speedup_bound("int4", 128),
+        "fp8_kv_speedup_16k_min": kv_speedup_min(kvt, 16384),
+        "fp8_kv_speedup_max": float(kvt["speedup"].max()),
+        "fp8_kv_err_vs_exact_max": float(kvc["fp8_vs_exact"].max()),
+        "layout_ratio_median": float(lr.median()),
+        "layout_ratio_max": float(lr.max()),
+        "layout_ratio_g128_max": float(lr[lay["group"] >= 128].max()),
+        "layout_ratio_g128_min": float(lr[lay["group"] >= 128].min()),
+        "layout_ratio_small_min": float(lr[lay["group"] < 128].min()),
+        "int4_g128_speedup_m4096_max": float(df[(df["format"] == "int4 g128") & (df["M"] == rows[-1])]["speedup"].max()),
+        "int8_speedup_m4096_max": float(df[(df["format"] == "int8") & (df["M"] == rows[-1])]["speedup"].max()),
+        "fp8_kv_speedup_b16_max": float(kvt[kvt["B"] == kvt["B"].max()]["speedup"].max()),
+        "fp8_kv_rate_max": float(kvt["fp8 GB/s"].max()), "bf16_kv_rate_max": float(kvt["bf16 GB/s"].max()),
+        "fp8_kv_speedup_min": float(kvt["speedup"].min()),
+        "bf16_over_read_median": float(mm.median().get("bf16", nan)),
+        "int4_g128_over_read_min": float(mm.min().get("int4 g128", nan)),
+        "g32_over_g128_m1_max": float((g1t["int4 g32"] / g1t["int4 g128"]).max()),
+        "g32_over_g128_bytes": quant.bytes_per_weight("int4", 32) / quant.bytes_per_weight("int4", 128),
+        "err_int8_gauss": e.loc["int8", "gaussian"], "err_int8_outlier": e.loc["int8", "outlier channels"],
+        "err_int4_g128_gauss": e.loc["int4 g128", "gaussian"], "err_int4_g32_gauss": e.loc["int4 g32", "gaussian"],
+        "err_int4_g128_outlier": e.loc["int4 g128", "outlier channels"],
+        "err_int4_g32_outlier": e.loc["int4 g32", "outlier channels"],
+        "err_fp8_gauss": e.loc["fp8 (weights)", "gaussian"], "err_fp8_outlier": e.loc["fp8 (weights)", "outlier channels"],
+        "step_bf16_b1_ms": by["bf16"]["gpu_us"] / 1e3, "step_int8_b1_ms": by["int8"]["gpu_us"] / 1e3,
+        "step_int4_b1_ms": by[f"int4 g{g}"]["gpu_us"] / 1e3, "step_bf16_over_floor_b1": by["bf16"]["over floor"],
+        "step_int8_over_floor_b1": by["int8"]["over floor"], "step_int8_speedup_b1": by["int8"]["speedup"],
+        "step_int4_speedup_b16": b16[f"int4 g{g}"]["speedup"], "step_int8_speedup_b16": b16["int8"]["speedup"],
+        "step_b16": float(st["B"].max()),
+        "step_int4_quant_ms_b1": k1[f"int4 g{g}"].get("quantized products", 0.0) / 1e3,
+        "step_bf16_matrix_ms_b1": k1["bf16"].get("other matrix kernels", 0.0) / 1e3,
+        "checks_max_err_timed": float(ok.max()), "tolerance": res.params["tolerance"],
+        "fp8_check_err_min": float(checks[checks["format"] == "fp8"]["rel_err"].min()),
+        "torch_int4_below_bf16_from_rows": float(t4[t4 < 1].index.min()),
+        "int4_read_us_min": float(r1.min()), "int4_read_us_max": float(r1.max()),
+        "fp8_over_bf16_kv_rate": float(kvt["fp8 GB/s"].max() / kvt["bf16 GB/s"].max()),
+        "scale_share_g32": 4 / 32 / quant.bytes_per_weight("int4", 32),
+        "scale_share_g128": 4 / 128 / quant.bytes_per_weight("int4", 128),
+        "int4_m1_share_of_bound_min": speedup_min(df, "int4 g128", 1) / quant.speedup_bound("int4", 128),
+        "int4_m1_share_of_bound_max": speedup_max(df, "int4 g128", 1) / quant.speedup_bound("int4", 128),
+        "fp8_gemm_speedup_min": float(gemm["speedup"].min()) if len(gemm) else nan,
+        "fp8_gemm_speedup_max": at["speedup"], "fp8_gemm_max_rows": at["M"], "bf16_at_fp8_max_us": at["bf16"],
+        "bf16_before_fp8_max_us": at["before"],
+        "fp8_quantize_x_us_m1": float((t1["fp8"] - t1["fp8 gemm"]).median()) if len(gemm) else nan,
+        "fp8_gemm_over_read_median": float(mm.median().get("fp8 gemm", nan)),
+        "read_floor_over_min": float(memory_model(df, read_GBps)["measured / predicted"].min()),
+    })
+    texts = {"device_name": res.provenance["name"], "measured_date": res.date, "fp8_gemm_max_shape": at["shape"]}
+    return glue.Page(numbers=numbers, texts=texts)
