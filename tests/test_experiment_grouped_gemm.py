@@ -5,11 +5,15 @@ analysis (lib.experiments.grouped_gemm_analysis) on cases worked by hand."""
 from __future__ import annotations
 
 import json
+import re
+from numbers import Real
+from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 import torch
 
-from lib.bench import results
+from lib.bench import ceilings, results
 from lib.experiments import grouped_gemm as experiment
 from lib.experiments import grouped_gemm_analysis as analysis
 from lib.kernels import grouped_gemm as gg
@@ -276,3 +280,57 @@ def test_layer_analysis_shares_worked_by_hand():
     assert shares.sum() == pytest.approx(1.0) and shares["gate-up GEMM"] == pytest.approx(0.4)
     with pytest.raises(ValueError, match="launch_graph_us"):
         analysis.LayerAnalysis(rows, {"bf16_tflops": 1.0, "read_bw_GBps": 1.0}, "bfloat16")
+
+
+# ---------------------------------------------------------------------------- the page
+
+PASTED = re.compile(r"\{glue:[a-z]+\}`\.\./notebooks/04-grouped-gemm\.ipynb::([A-Za-z0-9_]+)")
+# glued beside their figure and table, not by the page: the figures, the schedule diagram's and expert
+# parallelism's numbers, the claims table
+GLUED_ELSEWHERE = re.compile(r"fig_|sched_|ep_|claims_table$")
+
+
+def page_of_the_stored_results():
+    """Chapter 4's page from the stored H200 results, through the notebook's own analyses."""
+    stored_ = stored()
+    prov = stored_["provenance"]
+    res = SimpleNamespace(data=stored_["data"], params=stored_["params"], provenance=prov, date=prov["date"][:10])
+    c = ceilings.load(results.REFERENCE)
+    a = analysis.Analysis(res.data, res.params, c)
+    layer = analysis.LayerAnalysis(res.data["layer"], c, res.params["dtype"])
+    example_rows = pd.DataFrame(gg.tile_schedule([64, 192], 128, 64, 64, workers=4))
+    masks = {"outside_cells": 3, "next_cells": 2, "wrong_cells": 7, "cells": 8}  # counts handed on as given
+    masks_table = pd.DataFrame({"unmasked kernel": ["x"], "cells": [3]})
+    return analysis.page(a, layer, res, c, example_rows, masks, masks_table), a, c
+
+
+def test_the_page_holds_every_name_the_chapter_pastes():
+    page = page_of_the_stored_results()[0]
+    pasted = set(PASTED.findall((ROOT / "book" / "04-grouped-gemm.md").read_text()))
+    on_page = set(page.numbers) | set(page.texts) | set(page.tables)
+    assert pasted and not {n for n in pasted - on_page if not GLUED_ELSEWHERE.match(n)}
+
+
+def test_the_page_of_the_stored_h200_results_worked_by_hand():
+    page, a, c = page_of_the_stored_results()
+    n, t, tables = page.numbers, page.texts, page.tables
+    # A (64 rows) and B (192 rows), N = 128, in 64 x 64 tiles: 1 x 2 + 3 x 2 = 8 tiles
+    assert n["example_tiles_total"] == 8 and len(tables["example_schedule"]) == 8
+    assert (n["mask_outside_cells"], n["mask_next_cells"], n["mask_wrong_cells"], n["mask_cells"]) == (3, 2, 7, 8)
+    assert n["bf16_tflops"] == c["bf16_tflops"]
+    assert t["device_name"].startswith("NVIDIA H200") and len(t["measured_date"]) == 10
+    assert t["target_1_verdict"] in ("yes", "no")
+    # the compare table's share of the read floor, for one case, from the raw points by hand:
+    # max(2 T K N / P, 2 (touched K N + T K + T N) / BW) over lib's median GPU time
+    E, K, N = stored()["params"]["shapes"][-1]
+    T = max(stored()["params"]["T"])
+    lib = next(p for p in stored()["data"]["points"]
+               if (p["path"], p["E"], p["T"], p["routing"]) == ("lib", E, T, "uniform"))
+    floor_s = max(2 * T * K * N / (c["bf16_tflops"] * 1e12),
+                  2 * (lib["nonempty"] * K * N + T * K + T * N) / (c["read_bw_GBps"] * 1e9))
+    share = floor_s * 1e6 / lib["timing"]["gpu_us"]["median"]
+    row = tables["summary_table"].set_index(["E", "T", "routing"]).loc[(E, T, "uniform")]
+    assert row["lib / read floor"] == pytest.approx(share, abs=6e-4)  # the table is rounded to 3 digits
+    assert tables["targets_table"].equals(a.targets.round(3))
+    # every number is a real number, every text non-empty (glue.publish refuses anything else)
+    assert all(isinstance(v, Real) and not isinstance(v, bool) for v in n.values()) and all(t.values())

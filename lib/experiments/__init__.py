@@ -4,6 +4,7 @@ Each defines ``sweep(size)`` (the parameters of a "full" or "smoke" run) and ``m
 (the data), called by its notebook through ``lib.bench.results.Run``; the notebook passes in what is timed.
 Beside them, modules named for what they hold:
 
+- ``kv_cache_analysis``: chapter 3's tables, numbers and words (its ``page``) from its sweep's data.
 - ``grouped_gemm_analysis``: chapter 4's tables, numbers and claims' values from its sweep's data.
 - ``unmasked_gemm``: chapter 4's teaching kernel, a grouped GEMM without masks, and what it gets wrong.
 - ``ep_traffic``: expert parallelism's traffic model, all-to-all bytes and rank loads (chapters 4, 10).

@@ -15,6 +15,7 @@ import re
 
 import pandas as pd
 
+from lib.bench import glue
 from lib.experiments.grouped_gemm import CASE, GEMMS, LAYER, ORDER, ROUTING, STEPS
 from lib.kernels import grouped_gemm as gg
 
@@ -59,6 +60,7 @@ class Analysis:
       weights set it at E >= 64 (worst case), at least grouped_mm's speed at the fewest experts, at least
       5 times the eager loop's speed (call time) at E >= 64.
     - ``numbers()``, ``texts()``: what the page quotes, by glue name; ``checks()``: what the claims check.
+    ``page`` (below) gathers them with the layer's and the worked examples' into the chapter's ``glue.Page``.
     """
 
     def __init__(self, data: dict, params: dict, c: dict):
@@ -590,3 +592,36 @@ class LayerAnalysis:
         out["moe_fine_unpermute_over_floor"] = float(unp.loc["unpermute", "GPU time (us)"] / unp.loc["unpermute", "floor (us)"])
         return out
 
+
+# ---------------------------------------------------------------------------- the page
+
+def page(a: Analysis, layer: LayerAnalysis, res, c: dict, example_rows: pd.DataFrame, masks: dict,
+         masks_table: pd.DataFrame) -> glue.Page:
+    """Every number, word and table chapter 4's page quotes, by name: the sweep's ``Analysis`` ``a`` and the
+    layer's ``LayerAnalysis`` ``layer`` (their numbers, texts and tables, rounded as the page shows them),
+    ``res`` (the device's name and the date), chapter 0's ceilings ``c``, the worked schedule's rows
+    ``example_rows`` (one per tile, from ``gg.tile_schedule``) and the unmasked kernel's ``masks`` (counts of
+    cells) and ``masks_table``. (The schedule diagram's and expert parallelism's numbers are glued beside their
+    figure and table.)"""
+    numbers = {
+        "example_tiles_total": len(example_rows),
+        "mask_outside_cells": masks["outside_cells"],
+        "mask_next_cells": masks["next_cells"],
+        "mask_wrong_cells": masks["wrong_cells"],
+        "mask_cells": masks["cells"],
+        "bf16_tflops": c["bf16_tflops"],
+        **a.numbers(),
+        **layer.numbers(),
+    }
+    texts = {"device_name": res.provenance["name"], "measured_date": res.date, **a.texts()}
+    tables = {
+        "masks_table": masks_table,
+        "example_schedule": example_rows.set_index("tile"),
+        "summary_table": a.compare_table().round(3),
+        "launch_table": a.launch_table().round(3),
+        "tiles_table": a.tiles.round(3),
+        "work_table": a.work.round(3),
+        "targets_table": a.targets.round(3),
+        "layer_table": layer.table.round(3),
+    }
+    return glue.Page(numbers, texts, tables)
