@@ -39,20 +39,13 @@ matplotlib.rcParams.update(
 import matplotlib.pyplot as plt  # noqa: E402  (after the style is set)
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
+from lib.bench.units import UNITS, human_bytes  # noqa: E402, F401  (plots.human_bytes, as the figures name it)
+
 # the width of a figure, in inches: a figure's image is shown at most ``glue.COLUMN_PX`` CSS pixels wide
 # (7 inches at 96 pixels per inch), so one drawn a little narrower, with room for what a tight crop
 # adds (a legend outside the axes, the caption line), shows its text at least at its own size
 WIDTH_IN = 6.6
 PANEL_HEIGHT_IN = 2.7
-UNITS = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"), (1, "B")]
-
-
-def human_bytes(n: float) -> str:
-    """1048576 -> '1 MiB', 1610612736 -> '1.5 GiB'."""
-    for scale, unit in UNITS:
-        if abs(n) >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.3g} B"
 
 
 def bytes_axis(ax, which: str = "x") -> None:

@@ -26,6 +26,7 @@ from matplotlib.ticker import LogLocator
 
 from lib import costs
 from lib.bench import plots
+from lib.models.config import crossover_M
 
 TEXT_PT = 9.5  # the smallest text these figures draw, in points
 COLORS = {"X": "C0", "W": "C1", "Y": "C2"}
@@ -35,17 +36,6 @@ def _positive_int(name: str, v) -> int:
     if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
         raise ValueError(f"{name} must be a positive int, got {v!r}")
     return int(v)
-
-
-def crossover_M(shapes: dict) -> float:
-    """The M at which a set of linear layers' activations, sum of (MK + MN), weigh as much as their
-    weights, sum of KN: M = sum KN / sum (K + N)."""
-    if not shapes:
-        raise ValueError("no layers: pass a dict name -> (K, N), e.g. lib.costs.LLAMA3_8B['linears']")
-    for name, (K, N) in shapes.items():
-        _positive_int(f"{name}: K", K)
-        _positive_int(f"{name}: N", N)
-    return sum(K * N for K, N in shapes.values()) / sum(K + N for K, N in shapes.values())
 
 
 def block_bytes(shapes: dict, M, b: int = 2) -> tuple[float, np.ndarray]:

@@ -382,9 +382,8 @@ def page(res, cal: Calibration, lt: pd.DataFrame, incident: pd.DataFrame, breakd
     ``incident`` and ``breakdown`` tables, the ``offline`` table, the largest TTFT (ms) of each policy in the
     eight-request example ``few_ttft_ms``, and the simulations' ``knobs``: caps (each policy's capacity,
     requests/s), capacity_rps (the incident's engine), prod_rate, batch_limit, kv_budget_tokens,
-    load_requests, window_s, slo_ttft_s, slo_tpot_s, mean_output; a ``glue.Page``.
-    (glue is imported here, so that the import statements the measuring code uses stay as they were.)"""
-    from lib.bench import glue
+    load_requests, window_s, slo_ttft_s, slo_tpot_s, mean_output; a ``Page`` (``lib.bench.page``)."""
+    from lib.bench.page import Page
 
     pts, fit_err, stack, k = cal.points, cal.fit_err, cal.stack_s, knobs
     caps, B_MAX, mean_output, window = k["caps"], k["batch_limit"], k["mean_output"], k["window_s"]
@@ -505,4 +504,4 @@ def page(res, cal: Calibration, lt: pd.DataFrame, incident: pd.DataFrame, breakd
                                         "model / measured"]].round(3),
               "load_table": shown_table.round(2), "incident_table": inc.round(1), "breakdown_table": slow.round(1),
               "offline_table": offline.round(2), "targets_table": targets.round(3)}
-    return glue.Page(numbers=numbers, texts=texts, tables=tables)
+    return Page(numbers=numbers, texts=texts, tables=tables)

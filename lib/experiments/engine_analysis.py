@@ -325,9 +325,8 @@ def page(res, tl, *, cal, off, sve, ratios, sens, loads, inc, judged, dec, small
     ``incident_loads``' ``loads``, ``incident``'s ``inc`` and ``judged``, ``decompositions``' ``dec``), the
     smaller model's (``small``: data, cal, off, sve, sc (``step_costs``), inc, judged) and what the step
     records say (``steps``: max_running {run: requests}, decode_ratio {"offline", "open loop": measured /
-    model}, prefill_ratio, prefill1_ratio (min, max), kv_peak); a ``glue.Page``.
-    (glue is imported here, so that the import statements stay as they were.)"""
-    from lib.bench import glue
+    model}, prefill_ratio, prefill1_ratio (min, max), kv_peak); a ``Page`` (``lib.bench.page``)."""
+    from lib.bench.page import Page
 
     data, params, worst = res.data, res.params, worst_err
     JUDGED = judged_column(sve)
@@ -431,4 +430,4 @@ def page(res, tl, *, cal, off, sve, ratios, sens, loads, inc, judged, dec, small
         "dec_before_p95_ttft_ms": dec.loc[("before", 95), "ttft (ms)"],
         "dec_light_p95_queue_ms": dec.loc[("light", 95), "queue (ms)"],
     }
-    return glue.Page(numbers=numbers, texts={"device_name": res.provenance["name"], "measured_date": res.date})
+    return Page(numbers=numbers, texts={"device_name": res.provenance["name"], "measured_date": res.date})

@@ -15,7 +15,7 @@ import re
 
 import pandas as pd
 
-from lib.bench import glue
+from lib.bench.page import Page
 from lib.experiments.grouped_gemm import CASE, GEMMS, LAYER, ORDER, ROUTING, STEPS
 from lib.kernels import grouped_gemm as gg
 
@@ -60,7 +60,7 @@ class Analysis:
       weights set it at E >= 64 (worst case), at least grouped_mm's speed at the fewest experts, at least
       5 times the eager loop's speed (call time) at E >= 64.
     - ``numbers()``, ``texts()``: what the page quotes, by glue name; ``checks()``: what the claims check.
-    ``page`` (below) gathers them with the layer's and the worked examples' into the chapter's ``glue.Page``.
+    ``page`` (below) gathers them with the layer's and the worked examples' into the chapter's ``Page`` (``lib.bench.page``).
     """
 
     def __init__(self, data: dict, params: dict, c: dict):
@@ -596,7 +596,7 @@ class LayerAnalysis:
 # ---------------------------------------------------------------------------- the page
 
 def page(a: Analysis, layer: LayerAnalysis, res, c: dict, example_rows: pd.DataFrame, masks: dict,
-         masks_table: pd.DataFrame) -> glue.Page:
+         masks_table: pd.DataFrame) -> Page:
     """Every number, word and table chapter 4's page quotes, by name: the sweep's ``Analysis`` ``a`` and the
     layer's ``LayerAnalysis`` ``layer`` (their numbers, texts and tables, rounded as the page shows them),
     ``res`` (the device's name and the date), chapter 0's ceilings ``c``, the worked schedule's rows
@@ -624,4 +624,4 @@ def page(a: Analysis, layer: LayerAnalysis, res, c: dict, example_rows: pd.DataF
         "targets_table": a.targets.round(3),
         "layer_table": layer.table.round(3),
     }
-    return glue.Page(numbers, texts, tables)
+    return Page(numbers, texts, tables)

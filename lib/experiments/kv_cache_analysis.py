@@ -13,7 +13,7 @@ The notebook's tables, each a function of the results ``res`` (``data``, ``param
 - ``prefetch(pts)``: tiles in flight and warps; ``short(res)``: short contexts, a fixed cost and a rate per path;
 - ``targets(r, seed_table, paging, seed)``: the chapter's targets, measured.
 
-``page(...)`` gathers what the page pastes into a ``glue.Page``; the notebook only publishes it.
+``page(...)`` gathers what the page pastes into a ``Page`` (``lib.bench.page``); the notebook only publishes it.
 
 Chapter: 3 (the KV cache).
 """
@@ -25,7 +25,8 @@ import json
 import numpy as np
 import pandas as pd
 
-from lib.bench import ceilings, fit, glue
+from lib.bench import ceilings, fit
+from lib.bench.page import Page
 from lib.kernels import decode_attention as da
 
 SHAPE = ["H_kv", "B", "L"]
@@ -229,7 +230,7 @@ def shape_text(key) -> str:
 
 
 def page(res, c: dict, hbm_GBps: float, worked: dict, plan: dict, theory: pd.DataFrame,
-         capacity: pd.DataFrame) -> glue.Page:
+         capacity: pd.DataFrame) -> Page:
     """Every number, word and table chapter 3's page quotes, by name, from the results ``res`` (data, params,
     provenance, date), chapter 0's ceilings ``c`` (with the L2's size), the datasheet's HBM bandwidth
     ``hbm_GBps``, the worked example's byte counts ``worked`` (kv_seed, per_token_all_layers,
@@ -469,7 +470,7 @@ def page(res, c: dict, hbm_GBps: float, worked: dict, plan: dict, theory: pd.Dat
         "short_fit_table": short_fit.round(2),
         "targets_table": target_table.round(3),
     }
-    return glue.Page(numbers, texts, tables)
+    return Page(numbers, texts, tables)
 
 
 def _paging_numbers(res, pg, paging_table, page16_overhead, paged_read_worst, paged_read_long, long, worst_long,

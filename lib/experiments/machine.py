@@ -479,10 +479,9 @@ def page(res, c: dict, summary: pd.DataFrame, vs: pd.DataFrame, f: dict, zeros_t
     results: params, provenance, date, the L2's size), the ceilings ``c``, ``against_datasheet``'s
     ``summary``, ``against_prediction``'s ``vs`` (indexed by quantity), ``findings``' ``f``, ``zeros``'
     table, ``call_over_gpu_summary``'s ``calls``, the worked example's table (indexed by M) and its
-    numbers ``worked`` (b, ridge_M_read, ridge_M_datasheet, ex_params, ex_step_floor_ms); a ``glue.Page``.
-    (glue and plots are imported here, so that the import statements the measuring code uses stay as they were.)"""
-    from lib.bench import glue
-    from lib.bench.plots import human_bytes
+    numbers ``worked`` (b, ridge_M_read, ridge_M_datasheet, ex_params, ex_step_floor_ms); a ``Page`` (``lib.bench.page``)."""
+    from lib.bench.page import Page
+    from lib.bench.units import human_bytes
 
     prov, L2, zeros = res.provenance, res.data["l2_bytes"], zeros_table
     ratio, datasheet = summary["measured / datasheet"], summary["datasheet"]
@@ -591,4 +590,4 @@ def page(res, c: dict, summary: pd.DataFrame, vs: pd.DataFrame, f: dict, zeros_t
         "device_name": prov["name"],
         "measured_date": res.date,
     }
-    return glue.Page(numbers=numbers, texts=texts)
+    return Page(numbers=numbers, texts=texts)

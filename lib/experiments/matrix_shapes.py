@@ -208,15 +208,14 @@ def largest_within(step_us: pd.Series, target_us: float) -> int:
 
 def page(res, c: dict, roof: costs.Roofline, pts: pd.DataFrame, cold: pd.DataFrame, decode: pd.DataFrame, f: dict,
          knees: pd.DataFrame, hot_cold: pd.DataFrame, worked: dict, step: dict):
-    """Every number and word chapter 1's page quotes, by name (a ``glue.Page``), from the notebook's tables:
+    """Every number and word chapter 1's page quotes, by name (a ``lib.bench.page.Page``), from the notebook's tables:
     the results ``res``, chapter 0's ceilings ``c`` and their ``roof``, the ``points``, the cold rows, the
     decode steps (``decode_steps`` up to B = 2048), ``findings``' ``f``, the knees (by layer) and the
     hot / cold table (by M); ``worked``: the worked example (m1_F, m1_Q, m128_F, m128_Q, P_seed, BW_seed,
     and its table, with a "match" column); ``step``: step_knee_B, tpot_target_ms, tpot_target_max_B and the
-    M = 1 line fit (fit_GBps, fit_t0_us). (glue and the diagram are imported here, so that the import
-    statements the measuring code uses stay as they were.)"""
-    from lib.bench import glue
-    from lib.diagrams.gemm import crossover_M
+    M = 1 line fit (fit_GBps, fit_t0_us)."""
+    from lib.bench.page import Page
+    from lib.models.config import crossover_M
 
     m1_F, m1_Q, m128_F, m128_Q = worked["m1_F"], worked["m1_Q"], worked["m128_F"], worked["m128_Q"]
     P_seed, BW_seed, worked = worked["P_seed"], worked["BW_seed"], worked["table"]
@@ -302,4 +301,4 @@ def page(res, c: dict, roof: costs.Roofline, pts: pd.DataFrame, cold: pd.DataFra
         "kernels_per_call_max": pts["kernels"].max(),
     }
     texts = {"device_name": res.provenance["name"], "measured_date": res.date}
-    return glue.Page(numbers=numbers, texts=texts)
+    return Page(numbers=numbers, texts=texts)

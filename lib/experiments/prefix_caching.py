@@ -358,7 +358,7 @@ def _layer_weights(layers: int, linears) -> int:
 def page(res, ceil: dict, pre: pd.DataFrame, decode_table: pd.DataFrame, attack: pd.DataFrame,
          auc_table: pd.DataFrame, targets: pd.DataFrame, workload: pd.DataFrame, cpu: dict, tables: dict,
          decode_numbers: dict | None = None, prefill_profiled: list | None = None):
-    """Every number, word and table chapter 5's page quotes, by name: a ``glue.Page``.
+    """Every number, word and table chapter 5's page quotes, by name: a ``Page`` (``lib.bench.page``).
 
     ``res``: the results (params, data, provenance, date); ``ceil``: chapter 0's ceilings; ``pre``: the
     prefill rows of the savings with their predictions and speedups (the notebook's table, one row per
@@ -367,10 +367,9 @@ def page(res, ceil: dict, pre: pd.DataFrame, decode_table: pd.DataFrame, attack:
     the chapter's targets (a "met" column); ``workload``: ``replay_workload``'s table; ``cpu``: the numbers
     of the CPU demonstrations (``CPU_NUMBERS``, each), handed on as given; ``tables``: the tables by glue name (``TABLE_DECIMALS``
     says how each is rounded; a table given as None is left off); ``decode_numbers``: ``decode_breakdown``'s
-    numbers and ``prefill_profiled``: the kernels of one profiled prefill (both absent off a GPU).
-    (glue and costs are imported here, so that the import statements the measuring code uses stay as they were.)"""
+    numbers and ``prefill_profiled``: the kernels of one profiled prefill (both absent off a GPU)."""
     from lib import costs
-    from lib.bench import glue
+    from lib.bench.page import Page
 
     unknown = set(tables) - set(TABLE_DECIMALS)
     if unknown:
@@ -468,4 +467,4 @@ def page(res, ceil: dict, pre: pd.DataFrame, decode_table: pd.DataFrame, attack:
     }
     shown = {name: t if TABLE_DECIMALS[name] is None else t.round(TABLE_DECIMALS[name])
              for name, t in tables.items() if t is not None}
-    return glue.Page(numbers=numbers, texts=texts, tables=shown)
+    return Page(numbers=numbers, texts=texts, tables=shown)

@@ -568,15 +568,14 @@ def speedup_max(df, fmt: str, M: int) -> float:
 
 def page(res, df: pd.DataFrame, mb: pd.DataFrame, st: pd.DataFrame, lay: pd.DataFrame, kvt: pd.DataFrame,
          kvc: pd.DataFrame, checks: pd.DataFrame, read_GBps: float):
-    """Every number and word chapter 9's page quotes, by name, from the notebook's tables: a ``glue.Page``.
+    """Every number and word chapter 9's page quotes, by name, from the notebook's tables: a ``Page`` (``lib.bench.page``).
 
     ``res``: the results (params, data, provenance, date); ``df``: ``speedups`` of the products; ``mb``:
     ``memory_bound_points``; ``st``: ``step_table``; ``lay``: ``layout_table``; ``kvt``: ``kv_table``;
     ``kvc``: the KV cache's checks (a row each); ``checks``: the products' checks with a "timed" column
     ("yes" within the tolerance); ``read_GBps``: chapter 0's read rate. A format or row count that was not
-    timed (a smoke run on the CPU has no vendor path) gives NaN.
-    (glue is imported here, so that the import statements the measuring code uses stay as they were.)"""
-    from lib.bench import glue
+    timed (a smoke run on the CPU has no vendor path) gives NaN."""
+    from lib.bench.page import Page
 
     nan = float("nan")
     rows, g = res.params["rows"], res.params["step"]["group"]
@@ -669,4 +668,4 @@ def page(res, df: pd.DataFrame, mb: pd.DataFrame, st: pd.DataFrame, lay: pd.Data
         "read_floor_over_min": float(memory_model(df, read_GBps)["measured / predicted"].min()),
     })
     texts = {"device_name": res.provenance["name"], "measured_date": res.date, "fp8_gemm_max_shape": at["shape"]}
-    return glue.Page(numbers=numbers, texts=texts)
+    return Page(numbers=numbers, texts=texts)

@@ -14,9 +14,7 @@ against their bytes is a line whose intercept is what a kernel that goes to memo
 
 The chapter's other tables from the data and the ``Analysis`` (what fusion saves, shape by shape and
 fusion by fusion; what sampling adds; the logit, greedy and top-p checks; the targets) and ``page``, every
-number, word and table the chapter's page quotes as a ``glue.Page``. They live here and not in
-``decode_step`` because chapters 9 and 10 measure with ``decode_step``: an edit there would make their
-results stale (``lib.bench.fingerprint``), while this module is no part of any measuring code.
+number, word and table the chapter's page quotes as a ``lib.bench.page.Page``.
 
 Chapter: 7.
 """
@@ -209,11 +207,11 @@ def targets(n: dict, model_err: dict, shapes: list) -> pd.DataFrame:
 
 
 def page(res, c: dict, a: decode_step.Analysis, alpha_us: float):
-    """Every number, word and table chapter 7's page quotes, by name, as a ``glue.Page``: from the results
+    """Every number, word and table chapter 7's page quotes, by name, as a ``lib.bench.page.Page``: from the results
     ``res`` (data, params, provenance, date), chapter 0's ceilings ``c``, the ``Analysis`` ``a`` and alpha
     (``kernel_alpha_us``; NaN without a profile), through the tables the notebook shows (computed again here
-    by the same functions). (glue is imported here, as the notebook's other modules do.)"""
-    from lib.bench import glue
+    by the same functions)."""
+    from lib.bench.page import Page
 
     steps, shapes = res.data["steps"], [tuple(s) for s in res.params["shapes"]]
     (B1, L1), (B2, L2) = shapes[:2]
@@ -308,4 +306,4 @@ def page(res, c: dict, a: decode_step.Analysis, alpha_us: float):
               "prefill_table": a.prefill.round(3), "model_parts": model_parts.round(3),
               "sampling_table": sampling_table.round(1), "top_p_checks": top_p.round(4),
               "checks_table": checks_table.round(4), "targets_table": targets_table.round(3)}
-    return glue.Page(numbers=numbers, texts=texts, tables=tables)
+    return Page(numbers=numbers, texts=texts, tables=tables)

@@ -56,6 +56,18 @@ class ModelConfig:
             raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
 
 
+def crossover_M(shapes: dict) -> float:
+    """The M at which a set of linear layers' activations, sum of (MK + MN), weigh as much as their
+    weights, sum of KN: M = sum KN / sum (K + N)."""
+    if not shapes:
+        raise ValueError("no layers: pass a dict name -> (K, N), e.g. lib.costs.LLAMA3_8B['linears']")
+    for name, (K, N) in shapes.items():
+        for what, v in ((f"{name}: K", K), (f"{name}: N", N)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{what} must be a positive int, got {v!r}")
+    return sum(K * N for K, N in shapes.values()) / sum(K + N for K, N in shapes.values())
+
+
 CONFIGS = {
     "tiny": ModelConfig(vocab=97, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, mlp=96, rope_theta=500000.0),
     "1b": ModelConfig(vocab=32000, hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64, mlp=8192),
