@@ -7,12 +7,13 @@ import pytest
 from lib.bench.claims import Claims, ClaimsFailed
 
 
-def test_check_records_and_returns_the_verdict():
+def test_check_records_the_verdict_and_returns_nothing():
     c = Claims(strict=True)
-    assert c.check("ratio at least half", 0.6, at_least=0.5)
-    assert not c.check("ratio at most half", 0.6, at_most=0.5)
-    assert c.check("inside a band", 1.0, at_least=0.9, at_most=1.1)
-    assert not c.check("nan never holds", math.nan, at_least=0.0)
+    assert c.check("ratio at least half", 0.6, at_least=0.5) is None  # a cell ending in a check shows nothing
+    c.check("ratio at most half", 0.6, at_most=0.5)
+    c.check("inside a band", 1.0, at_least=0.9, at_most=1.1)
+    c.check("nan never holds", math.nan, at_least=0.0)
+    assert [x.holds for x in c.items] == [True, False, True, False]
     assert [x.text for x in c.failed] == ["ratio at most half", "nan never holds"]
     f = c.frame()
     assert list(f.columns) == ["value", "bound", "holds"]
@@ -106,19 +107,20 @@ def test_a_target_is_reported_never_raised(monkeypatch):
 
 def test_a_claim_exactly_at_its_bound_holds():
     c = Claims(strict=True)
-    assert c.check("at the floor", 0.85, at_least=0.85)
-    assert c.check("at the ceiling", 1.3, at_most=1.3)
-    assert not c.check("just under the floor", math.nextafter(0.85, 0), at_least=0.85)
-    assert not c.check("just over the ceiling", math.nextafter(1.3, 2), at_most=1.3)
-    assert c.check("an integer bound", 2, at_least=2, at_most=2)
+    c.check("at the floor", 0.85, at_least=0.85)
+    c.check("at the ceiling", 1.3, at_most=1.3)
+    c.check("just under the floor", math.nextafter(0.85, 0), at_least=0.85)
+    c.check("just over the ceiling", math.nextafter(1.3, 2), at_most=1.3)
+    c.check("an integer bound", 2, at_least=2, at_most=2)
+    assert [x.holds for x in c.items] == [True, True, False, False, True]
     assert [x.text for x in c.failed] == ["just under the floor", "just over the ceiling"]
 
 
 def test_infinities_never_hold():
     c = Claims(strict=False)
-    assert not c.check("inf above a floor", math.inf, at_least=0.0)
-    assert not c.check("-inf under a ceiling", -math.inf, at_most=0.0)
-    assert len(c.failed) == 2
+    c.check("inf above a floor", math.inf, at_least=0.0)
+    c.check("-inf under a ceiling", -math.inf, at_most=0.0)
+    assert [x.holds for x in c.items] == [False, False] and len(c.failed) == 2
 
 
 def test_the_table_shows_values_and_bounds_to_four_figures():

@@ -99,9 +99,10 @@ class Claims:
                 raise ValueError(f"target {row[text]!r}: goal {row[goal]!r} is not '>= x', '<= x' or 'x to y'")
             self.target(row[text], row[value], **bound)
 
-    def check(self, text: str, value: float, *, at_least: float | None = None, at_most: float | None = None) -> bool:
-        """Record that ``value`` should lie within the bounds; returns whether it does."""
-        return _record(self.items, "claim", text, value, at_least, at_most).holds
+    def check(self, text: str, value: float, *, at_least: float | None = None, at_most: float | None = None) -> None:
+        """Record that ``value`` should lie within the bounds (``failed`` lists the claims that do not hold).
+        Nothing is returned, so a notebook cell that ends with a check shows nothing."""
+        _record(self.items, "claim", text, value, at_least, at_most)
 
     @property
     def failed(self) -> list[Claim]:
