@@ -97,7 +97,7 @@ def _rounds(*medians):
 def test_sampling_costs_and_spread_by_hand():
     from types import SimpleNamespace
 
-    from lib.experiments import step_model
+    from lib.experiments import decode_step_analysis
 
     steps = [{"B": 1, "L": 8, "rounds": {"unfused": _rounds(100.0, 104.0, 102.0), "fused": _rounds(80.0, 81.0, 79.0)},
               "greedy_rounds": {"unfused": _rounds(110.0, 112.0, 111.0), "fused": _rounds(81.0, 80.0, 82.0)},
@@ -108,24 +108,24 @@ def test_sampling_costs_and_spread_by_hand():
     # the step's time: the median of its rounds (unfused 102, fused 80 at the first shape)
     times = {(1, 8, "unfused"): 102.0, (1, 8, "fused"): 80.0, (64, 16, "unfused"): 300.0, (64, 16, "fused"): 200.0}
     a = SimpleNamespace(time=lambda B, L, path: times[(B, L, path)])
-    t = step_model.sampling_costs(a, steps).set_index(["B", "path"])
+    t = decode_step_analysis.sampling_costs(a, steps).set_index(["B", "path"])
     assert t.loc[(1, "unfused"), "greedy sampling (us)"] == 9.0  # median 111 - 102
     assert t.loc[(1, "fused"), "greedy sampling (us)"] == 1.0  # median 81 - 80
     assert t.loc[(1, "unfused"), "top-p sampling (us)"] == 33.0  # median 135 - 102
     assert t.loc[(64, "fused"), "top-p sampling (us)"] == 10.0
     # the largest range of any path's medians over the rounds: the unfused top-p rounds, 140 - 130
-    assert step_model.sampling_spread_us(steps) == {(1, 8): 10.0, (64, 16): 0.0}
-    named = step_model.sampling_numbers(step_model.sampling_costs(a, steps), [(1, 8), (64, 16)])
+    assert decode_step_analysis.sampling_spread_us(steps) == {(1, 8): 10.0, (64, 16): 0.0}
+    named = decode_step_analysis.sampling_numbers(decode_step_analysis.sampling_costs(a, steps), [(1, 8), (64, 16)])
     assert named["sampling_fused_b1_us"] == 1.0 and named["top_p_unfused_b64_us"] == 30.0
     assert len(named) == 8  # two kinds x two paths x two shapes
 
 
 def test_fusion_by_group_by_hand():
-    from lib.experiments import step_model
+    from lib.experiments import decode_step_analysis
 
     fused = [{"name": "_rmsnorm_kernel", "us": 2.5}, {"name": "_rope_write_kernel", "us": 1.7},
              {"name": "_silu_mul_kernel", "us": 1.1}, {"name": "nvjet_head", "us": 200.0}]
-    t = step_model.fusion_by_group({"unfused": STEP, "fused": fused}, t0=2.0).set_index("fusion")
+    t = decode_step_analysis.fusion_by_group({"unfused": STEP, "fused": fused}, t0=2.0).set_index("fusion")
     assert list(t.index) == list(ex.FUSIONS[:-1])
     # the norms: 2 kernels (11 us) become 1 (2.5 us): one launch time predicted, 8.5 us measured
     assert t.loc["RMSNorm and residual add"].tolist() == [2, 1, 2.0, 8.5]
@@ -133,23 +133,23 @@ def test_fusion_by_group_by_hand():
     assert t.loc["RoPE and the K/V write", "predicted saving (us)"] == 4.0
     assert t.loc["RoPE and the K/V write", "measured saving (us)"] == pytest.approx(3.3)
     assert t.loc["copies", "kernels fused"] == 0 and t.loc["copies", "measured saving (us)"] == 1.0
-    assert step_model.fusion_by_group({"unfused": STEP, "fused": []}, t0=2.0).empty  # no profile: no table
+    assert decode_step_analysis.fusion_by_group({"unfused": STEP, "fused": []}, t0=2.0).empty  # no profile: no table
 
 
 def test_logit_checks_greedy_agreement_and_targets_by_hand():
-    from lib.experiments import step_model
+    from lib.experiments import decode_step_analysis
 
     cc = {"max_abs": 0.5, "ref_absmax": 5.0, "argmax_agree": 1.0}
     steps = [{"B": 1, "L": 8, "checks": {"fused": cc, "float32": {"unfused": cc, "fused": {**cc, "max_abs": 0.25}}}}]
-    t = step_model.logit_checks(steps)
+    t = decode_step_analysis.logit_checks(steps)
     assert list(zip(t["path"], t["against"])) == [("fused", "unfused"), ("unfused", "float32"), ("fused", "float32")]
     assert t["max_abs"].tolist() == [0.5, 0.5, 0.25]
-    g = step_model.greedy_agreement([{"lead": 1.0, "tokens unfused": [3], "tokens fused": [3]},
+    g = decode_step_analysis.greedy_agreement([{"lead": 1.0, "tokens unfused": [3], "tokens fused": [3]},
                                      {"lead": 0.5, "tokens unfused": [3], "tokens fused": [4]}])
     assert g["agree"].tolist() == [True, False]
     n = {"step_over_floor_b1": 1.15, "step_over_floor_b64": 1.09, "fused_vs_compile_b1": 1.2, "fused_vs_compile_b64": 0.9,
          "prefill_8k_frac_of_bf16": 0.7}
-    t = step_model.targets(n, {"alpha_model_median_abs_err_b1": 0.1, "alpha_model_median_abs_err_b64": 0.3},
+    t = decode_step_analysis.targets(n, {"alpha_model_median_abs_err_b1": 0.1, "alpha_model_median_abs_err_b64": 0.3},
                            [(1, 1024), (64, 4096)])
     # a goal met at its bound counts as met; the step model's error is the worse shape's (0.3 > 0.2)
     assert t["met"].tolist() == [True, False, True, False, True, False]
@@ -160,15 +160,15 @@ def _stored_page():
     from types import SimpleNamespace
 
     from lib.bench import ceilings, results
-    from lib.experiments import step_model
+    from lib.experiments import decode_step_analysis
 
     stored = results.load("07-decode-step")
     prov = stored["provenance"]
     res = SimpleNamespace(data=stored["data"], params=stored["params"], provenance=prov, date=prov["date"][:10])
     c = ceilings.load()
     a = ex.Analysis(res.data, res.params, c)
-    alpha = step_model.kernel_alpha_us(results.load("00-the-machine")["data"]["copy_cold"])
-    return step_model.page(res, c, a, alpha), res, c, alpha
+    alpha = decode_step_analysis.kernel_alpha_us(results.load("00-the-machine")["data"]["copy_cold"])
+    return decode_step_analysis.page(res, c, a, alpha), res, c, alpha
 
 
 def test_the_page_holds_every_name_the_book_pastes():
@@ -222,7 +222,7 @@ def test_fusion_savings_by_hand():
 
     import pandas as pd
 
-    from lib.experiments import step_model
+    from lib.experiments import decode_step_analysis
 
     # (part, kernels, measured us) of the unfused and the fused step at one shape
     parts = {"unfused": [("layer weights", 3, 50.0), ("output head", 2, 20.0), ("attention (K/V)", 2, 6.0),
@@ -232,7 +232,7 @@ def test_fusion_savings_by_hand():
     rows = [{"B": 1, "L": 8, "path": path, "part": p, "kernels": k, "measured (us)": m, "predicted (us)": 0.0}
             for path, ps in parts.items() for p, k, m in ps]
     a = SimpleNamespace(params={"shapes": [[1, 8]]}, parts=pd.DataFrame(rows), t0=2.0)
-    r = step_model.fusion_savings(a).iloc[0]
+    r = decode_step_analysis.fusion_savings(a).iloc[0]
     assert r["kernels removed"] == 8 and r["predicted saving (us)"] == 16.0  # 12 - 4 kernels, one launch time each
     assert r["measured saving (us)"] == 28.0  # (30 + 10) - (8 + 4): small operators and the time between them
     assert r["measured per kernel removed (us)"] == 3.5

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lib.bench import ceilings, results
-from lib.experiments import decode_step, step_model
+from lib.experiments import decode_step, decode_step_analysis
 from lib.experiments import parallelism as px
 
 
@@ -36,13 +36,13 @@ def test_the_fit_recovers_a_line_and_refuses_what_is_not_one():
 def ch7():
     r7 = results.load("07-decode-step", results.REFERENCE)
     a = decode_step.Analysis(r7["data"], r7["params"], ceilings.load(results.REFERENCE))
-    alpha = step_model.kernel_alpha_us(results.load("00-the-machine", results.REFERENCE)["data"]["copy_cold"])
+    alpha = decode_step_analysis.kernel_alpha_us(results.load("00-the-machine", results.REFERENCE)["data"]["copy_cold"])
     return a, alpha
 
 
 def test_one_rank_is_chapter_7s_model_and_two_ranks_halve_the_split_parts(ch7):
     a, alpha = ch7
-    base = step_model.parts(a, alpha)
+    base = decode_step_analysis.parts(a, alpha)
     base = base[(base["B"] == 1) & (base["L"] == 1024) & (base["path"] == "fused")].set_index("part")
     one = px.tp_step(a, alpha, 1, 1024, 1, 10.0, 400.0).set_index("part")
     two = px.tp_step(a, alpha, 1, 1024, 2, 10.0, 400.0).set_index("part")

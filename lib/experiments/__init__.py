@@ -9,8 +9,8 @@ Beside them, modules named for what they hold:
 - ``unmasked_gemm``: chapter 4's teaching kernel, a grouped GEMM without masks, and what it gets wrong.
 - ``ep_traffic``: expert parallelism's traffic model, all-to-all bytes and rank loads (chapters 4, 10).
 
-- ``step_model``: chapter 7's per-kernel latency model of a decode step (alpha per kernel plus bytes over
-  the read rate), used by chapter 10 too.
+- ``decode_step_analysis``: chapter 7's tables and page, and its per-kernel latency model of a decode step
+  (alpha per kernel plus bytes over the read rate), used by chapter 10 too.
 - ``engine_analysis``: chapter 8's tables from the engine's runs (``engine`` measures them).
 
 Chapters: 0-10 (machine 0, matrix_shapes 1, roofline 2, kv_cache 3, grouped_gemm 4, prefix_caching 5,

@@ -12,7 +12,7 @@ with alpha the latency of a collective that moves nothing. ``collective_us`` eva
 ``fit_collective`` fits alpha and busbw to a measured sweep (least squares of t against f(w) bytes).
 
 **The tensor-parallel step.** Chapter 7's latency-bandwidth model charges each part of a decode step
-k alpha_kernel + max(Q / BW, F / P) (``step_model.parts``). With TP ranks, each rank reads 1/TP of the
+k alpha_kernel + max(Q / BW, F / P) (``decode_step_analysis.parts``). With TP ranks, each rank reads 1/TP of the
 layers' weights and of the K/V cache (its heads) and does 1/TP of their FLOPs; the output head is
 replicated; every rank launches the same kernels; and each layer adds two all-reduces of B x hidden
 values (after the attention's output product and after the MLP's down product). ``tp_step`` predicts the
@@ -40,7 +40,7 @@ import torch
 
 from lib import models
 from lib.bench import fit, timing
-from lib.experiments import decode_step, require, step_model
+from lib.experiments import decode_step, decode_step_analysis, require
 
 COLLECTIVES = ("all_reduce", "all_to_all")
 
@@ -90,7 +90,7 @@ def tp_step(a: decode_step.Analysis, kernel_alpha_us: float, B: int, L: int, tp:
     if c.heads % tp or c.kv_heads % tp or c.mlp % tp:
         raise ValueError(f"tp = {tp} must divide the query heads ({c.heads}), the KV heads ({c.kv_heads}) and the "
                          f"MLP width ({c.mlp}) of the model")
-    t = step_model.parts(a, kernel_alpha_us)
+    t = decode_step_analysis.parts(a, kernel_alpha_us)
     t = t[(t["B"] == B) & (t["L"] == L) & (t["path"] == path)]
     if t.empty:
         raise ValueError(f"chapter 7's data has no step at B = {B}, L = {L} on path {path!r}")

@@ -1,4 +1,5 @@
-"""Chapter 7's step model with a fixed cost per kernel: the latency-bandwidth model, kernel by kernel.
+"""Chapter 7's analysis: the step model with a fixed cost per kernel (the latency-bandwidth model, kernel by
+kernel), the chapter's tables and its page.
 
 Chapter 2's model charges each kernel the larger of its bytes over the read rate and one launch time,
 chapter 0's GPU time of an empty kernel in a CUDA graph. An empty kernel never goes to memory; every kernel
