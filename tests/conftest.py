@@ -56,3 +56,21 @@ def repo(tmp_path):
     (tmp_path / "lib" / "inner.py").write_text("TWO = 2\n")
     (tmp_path / "lib" / "unused.py").write_text("THREE = 3\n")
     return tmp_path
+
+
+@pytest.fixture
+def forgetful_scheduler(monkeypatch):
+    """A planted scheduler bug for the simulator's no-progress check: ``finish_step`` forgets a prefill
+    chunk's progress unless the chunk completes the prompt, so a chunked prompt is recomputed forever."""
+    from lib.engine.scheduler import Scheduler
+
+    real = Scheduler.finish_step
+
+    def forgetful(self, plan, tokens, now, duration):
+        out = real(self, plan, tokens, now, duration)
+        for x, start, end in plan.prefills:
+            if end < x.target:
+                x.prefilled = start
+        return out
+
+    monkeypatch.setattr(Scheduler, "finish_step", forgetful)

@@ -27,7 +27,6 @@ Chapters: 6.
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections import defaultdict
 
@@ -35,8 +34,6 @@ import numpy as np
 import pytest
 
 from lib import simulator
-
-simulate_module = importlib.import_module("lib.simulator.simulate")  # the module, which the function's name hides
 
 STEP_LIMIT = 5000  # the cases below finish in at most a few hundred steps
 CASES = 1000
@@ -161,20 +158,10 @@ def test_every_random_run_ends_and_keeps_its_invariants():
     assert preempted > 0  # the cases reach pre-emption, where the engine's KV accounting is exercised
 
 
-def test_every_random_run_of_a_planted_livelock_ends(monkeypatch):
+def test_every_random_run_of_a_planted_livelock_ends(forgetful_scheduler):
     """A ``finish_step`` that forgets a chunk's progress unless it completes the prompt (a scheduler bug):
     each run still ends, finished or stopped by the no-progress error, never spinning; some of them do stop
     with the error (a chunked prompt never completes), some finish (no prompt needed two chunks)."""
-    real = simulate_module.Scheduler.finish_step
-
-    def forgetful(self, plan, tokens, now, duration):
-        out = real(self, plan, tokens, now, duration)
-        for x, start, end in plan.prefills:
-            if end < x.target:
-                x.prefilled = start
-        return out
-
-    monkeypatch.setattr(simulate_module.Scheduler, "finish_step", forgetful)
     rng = np.random.default_rng(7)
     stopped = finished = 0
     for case in range(CASES):

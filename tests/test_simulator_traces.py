@@ -21,14 +21,11 @@ Chapters: 6.
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import pytest
 
 from lib import simulator
-
-simulate_module = importlib.import_module("lib.simulator.simulate")  # the module, which the function's name hides
 
 NAN = math.nan
 
@@ -514,7 +511,7 @@ def test_a_readmitted_request_holds_its_kv_once_by_hand():
             (0, first, leave0, 80), (1, first, leave1, 60)]
 
 
-def test_a_scheduler_that_forgets_its_chunks_recomputes_forever_and_is_stopped_by_hand(monkeypatch):
+def test_a_scheduler_that_forgets_its_chunks_recomputes_forever_and_is_stopped_by_hand(forgetful_scheduler):
     """A planted bug: ``finish_step`` keeps a chunk's progress only when it completes the prompt (a chunk
     that does not is forgotten: the request prefills it again). Two requests of 4 + 4 tokens at 0 s, chunks
     of 4, kv_capacity 10: their prompts fit one chunk, but request 1, pre-empted, has 4 + 2 tokens to
@@ -531,16 +528,6 @@ def test_a_scheduler_that_forgets_its_chunks_recomputes_forever_and_is_stopped_b
     turns 6 on:      the same step again. The limit is STALL_LIMIT 3 + 1 queue + 4 tokens request 1 may
                      recompute = 8: turn 14's check, the 9th turn in a row without progress (turns 5 to 13),
                      raises: 13 steps, the last ending at 16 + 9 x 5 = 61 s, request 1 at 0 of 6 tokens."""
-    real = simulate_module.Scheduler.finish_step
-
-    def forgetful(self, plan, tokens, now, duration):
-        out = real(self, plan, tokens, now, duration)
-        for x, start, end in plan.prefills:
-            if end < x.target:
-                x.prefilled = start
-        return out
-
-    monkeypatch.setattr(simulate_module.Scheduler, "finish_step", forgetful)
     two = [req(0, 0, 4, 4), req(1, 0, 4, 4)]
     policy = simulator.Policy("continuous", kv_capacity=10, chunk=4)
     cost, trace = Ticks(), []
